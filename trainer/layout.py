@@ -1,0 +1,193 @@
+"""The staged dataset layout, shared by the DAG's staging task and the trainer.
+
+A staged dataset is a folder (S3 prefix or local path) of MNIST-format IDX files
+(``*-idx3-ubyte`` images, ``*-idx1-ubyte`` labels, optionally gzip-compressed) plus a
+``manifest.json``::
+
+    {
+      "format": "horovod-airflow/dataset-v1",
+      "name": "mnist",
+      "content_hash": "<sha256 over the sorted (file name, sha256) pairs>",
+      "files": [
+        {"name": "train-images-idx3-ubyte.gz", "split": "train", "kind": "images",
+         "size": 9912422, "sha256": "...", "samples": 60000, "shape": [60000, 28, 28]},
+        ...
+      ],
+      "splits": {"train": 60000, "test": 10000}
+    }
+
+The content hash names the staged prefix (``datasets/<name>/<content_hash[:16]>/``), so an
+unchanged dataset is never uploaded twice and a trained model can say exactly which data it
+saw. Importable without torch and without Airflow.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from trainer.storage import sha256_file
+
+FORMAT = "horovod-airflow/dataset-v1"
+MANIFEST_NAME = "manifest.json"
+SPLITS = ("train", "test")
+# The four files of an MNIST-format dataset, by (split, kind); the names torchvision uses.
+STEMS = {
+    ("train", "images"): "train-images-idx3-ubyte",
+    ("train", "labels"): "train-labels-idx1-ubyte",
+    ("test", "images"): "t10k-images-idx3-ubyte",
+    ("test", "labels"): "t10k-labels-idx1-ubyte",
+}
+_IDX_DIMS = {"images": 3, "labels": 1}
+_UBYTE = 0x08
+
+
+class DatasetError(ValueError):
+    """A dataset source or a staged dataset is malformed (missing files, bad headers)."""
+
+
+class DatasetIntegrityError(DatasetError):
+    """A staged file does not match its manifest entry (size or sha256)."""
+
+
+def _open(path: str | os.PathLike[str]) -> Any:
+    return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
+
+
+def idx_shape(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """Read the header of an unsigned-byte IDX file (plain or .gz) and return its shape."""
+    try:
+        with _open(path) as f:
+            head = f.read(4)
+            if len(head) != 4 or head[0] != 0 or head[1] != 0:
+                raise DatasetError(f"{path}: not an IDX file (bad magic {head!r})")
+            if head[2] != _UBYTE:
+                raise DatasetError(f"{path}: IDX element type 0x{head[2]:02x}, only ubyte (0x08)")
+            ndim = head[3]
+            dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+    except (OSError, EOFError, struct.error) as e:
+        raise DatasetError(f"{path}: unreadable IDX file: {e}") from e
+    return tuple(int(d) for d in dims)
+
+
+def find_source_files(folder: str | os.PathLike[str]) -> dict[tuple[str, str], Path]:
+    """Locate the four MNIST-format files in a local folder (plain or .gz names)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise DatasetError(f"dataset source {folder} is not a folder")
+    found: dict[tuple[str, str], Path] = {}
+    missing = []
+    for key, stem in STEMS.items():
+        for name in (stem + ".gz", stem):
+            if (root / name).is_file():
+                found[key] = root / name
+                break
+        else:
+            missing.append(stem + "[.gz]")
+    if missing:
+        raise DatasetError(
+            f"dataset source {folder} lacks {', '.join(missing)}; "
+            f"an MNIST-format source holds {', '.join(s + '[.gz]' for s in STEMS.values())}"
+        )
+    return found
+
+
+def content_hash(entries: list[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for e in sorted(entries, key=lambda e: e["name"]):
+        h.update(f"{e['name']}\0{e['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def build_manifest(name: str, files: dict[tuple[str, str], Path]) -> dict[str, Any]:
+    """Describe local MNIST-format files: sizes, sha256, shapes; checks images match labels."""
+    if not name or "/" in name:
+        raise DatasetError(f"dataset name must be non-empty and without '/', got {name!r}")
+    entries = []
+    splits: dict[str, int] = {}
+    for (split, kind), path in sorted(files.items()):
+        shape = idx_shape(path)
+        if len(shape) != _IDX_DIMS[kind]:
+            raise DatasetError(
+                f"{path}: {kind} file must have {_IDX_DIMS[kind]} dimension(s), has shape {shape}"
+            )
+        entries.append(
+            {
+                "name": path.name,
+                "split": split,
+                "kind": kind,
+                "size": path.stat().st_size,
+                "sha256": sha256_file(path),
+                "samples": shape[0],
+                "shape": list(shape),
+            }
+        )
+        if split in splits and splits[split] != shape[0]:
+            raise DatasetError(
+                f"split {split!r}: {splits[split]} labels/images but {path.name} has {shape[0]}"
+            )
+        splits[split] = shape[0]
+    return {
+        "format": FORMAT,
+        "name": name,
+        "content_hash": content_hash(entries),
+        "files": entries,
+        "splits": splits,
+    }
+
+
+def parse_manifest(text: str | bytes) -> dict[str, Any]:
+    """Load and validate a manifest; raise DatasetError naming the bad field."""
+    try:
+        m = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise DatasetError(f"{MANIFEST_NAME}: 'format' must be {FORMAT!r}")
+    files = m.get("files")
+    if not isinstance(files, list) or not files:
+        raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")
+    for e in files:
+        for field in ("name", "split", "kind", "size", "sha256", "samples"):
+            if field not in e:
+                raise DatasetError(f"{MANIFEST_NAME}: file entry {e.get('name')!r} lacks {field!r}")
+        if "/" in e["name"] or e["name"].startswith("."):
+            raise DatasetError(f"{MANIFEST_NAME}: file name {e['name']!r} must be a plain name")
+    if content_hash(files) != m.get("content_hash"):
+        raise DatasetError(f"{MANIFEST_NAME}: 'content_hash' does not match its file entries")
+    return m
+
+
+def entry_for(manifest: dict[str, Any], split: str, kind: str) -> dict[str, Any]:
+    for e in manifest["files"]:
+        if e["split"] == split and e["kind"] == kind:
+            return e  # type: ignore[no-any-return]
+    raise DatasetError(f"manifest of {manifest.get('name')!r} has no {split} {kind} file")
+
+
+def verify_file(path: str | os.PathLike[str], entry: dict[str, Any]) -> None:
+    """Raise DatasetIntegrityError unless the file's size and sha256 match the manifest."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetIntegrityError(f"{entry['name']}: missing at {p}")
+    size = p.stat().st_size
+    if size != entry["size"]:
+        raise DatasetIntegrityError(
+            f"{entry['name']}: size {size} bytes, manifest says {entry['size']}"
+        )
+    digest = sha256_file(p)
+    if digest != entry["sha256"]:
+        raise DatasetIntegrityError(
+            f"{entry['name']}: sha256 {digest}, manifest says {entry['sha256']} "
+            "(the staged file is corrupted or was changed after staging)"
+        )
+
+
+def staged_prefix(bucket_uri: str, manifest: dict[str, Any]) -> str:
+    """Where a dataset is staged: ``<bucket_uri>/datasets/<name>/<hash16>``."""
+    return f"{bucket_uri.rstrip('/')}/datasets/{manifest['name']}/{manifest['content_hash'][:16]}"
