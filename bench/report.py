@@ -1,0 +1,148 @@
+"""What every benchmark records: the machine, Markdown tables, and the results files.
+
+Runs in the benchmark driver process (not in a Horovod rank); imports torch lazily so that
+``machine()`` also works where only the versions are wanted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "bench" / "results"
+MNIST_DIR = REPO / "data" / "mnist"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _horovod_version() -> str:
+    try:
+        import horovod
+
+        return str(horovod.__version__)
+    except ImportError:
+        return "not installed"
+
+
+def machine() -> dict[str, Any]:
+    """The facts a reader needs to compare two results: cores, CPU, versions, load at start."""
+    import torch
+    import torchvision
+
+    cuda = torch.cuda.is_available()
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "gpu_model": torch.cuda.get_device_name(0) if cuda else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "horovod": _horovod_version(),
+        "torch_default_threads": torch.get_num_threads(),
+        "load_average_at_start": load_average(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    gpu = f", {m['gpus']}× {m['gpu_model']}" if m.get("gpus") else ", no GPU"
+    load = " / ".join(f"{x:.2f}" for x in m["load_average_at_start"])
+    return (
+        f"Machine: {m['cores']} cores ({m['cpu_model']}), {m['memory_gib']} GiB{gpu}; "
+        f"torch {m['torch']}, torchvision {m['torchvision']}, horovod {m['horovod']}, "
+        f"Python {m['python']}; load average at start {load} (1/5/15 min)."
+    )
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(
+    name: str, markdown: str, data: dict[str, Any], results_dir: Path | None = None
+) -> Path:
+    """Print the Markdown and write ``<results_dir>/<name>.md`` and ``<name>.json``."""
+    out = Path(results_dir) if results_dir else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    print(markdown, flush=True)
+    (out / f"{name}.md").write_text(markdown.rstrip() + "\n")
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return out / f"{name}.md"
+
+
+def horovodrun() -> str:
+    """The venv's horovodrun (next to this Python), else the one on PATH."""
+    local = Path(sys.executable).parent / "horovodrun"
+    if local.exists():
+        return str(local)
+    found = shutil.which("horovodrun")
+    if not found:
+        raise RuntimeError(
+            "horovodrun not found next to this Python or on PATH; run scripts/setup.sh first"
+        )
+    return found
+
+
+def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for ``horovodrun``: this venv's bin first on PATH, the repo on PYTHONPATH."""
+    env = os.environ.copy()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def run_horovod(
+    np: int, module_args: Sequence[str], *, log: Path, timeout: float, env: dict[str, str] | None
+) -> float:
+    """Run ``horovodrun -np N -H localhost:N python -m <module_args>``; return its wall seconds.
+
+    The combined output goes to ``log``; on failure, raise with the log's tail.
+    """
+    cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m"]
+    cmd += list(module_args)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env or rank_env(), timeout=timeout
+        )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; log tail:\n{tail}")
+    return wall
