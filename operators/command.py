@@ -1,0 +1,232 @@
+"""The one place that builds the commands a Horovod job runs.
+
+``horovodrun -np N -H host:slots[,host:slots] [-p PORT] [--ssh-identity-file F]
+[--network-interface I] <entrypoint> --data D --output O [args] [--resume]``
+
+Why the entrypoint is wrapped (``sh -c '<load rank env>; exec "$@"' hva-rank <entrypoint>``):
+``horovodrun`` (Gloo) starts every rank as ``sh -c "env K1=V1 K2=V2 ... <command>"`` and, for
+remote hosts, puts that same string on the ``ssh`` command line. Every exported variable of
+its environment is copied onto those command lines, where ``ps`` shows it to every user of
+the machine. So credentials never enter horovodrun's environment: the launcher writes them
+to a private file (mode 0600) named by ``HVA_RANK_ENV_FILE``, and each rank sources that
+file right before it ``exec``s the program. Only the file's *path* travels on command lines.
+
+Pure functions; no Airflow, no torch: unit-testable and shared by every launcher.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HOROVODRUN = "horovodrun"
+TRAINER_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "train")
+EXPORT_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "export")
+
+# The variable that names the private file of rank credentials (the path is not a secret).
+RANK_ENV_FILE_VAR = "HVA_RANK_ENV_FILE"
+# Sources the credentials file (when this host can read it) and replaces itself with the
+# program, so the rank process is the program itself (signals, exit codes unchanged).
+RANK_ENV_LOADER = (
+    f'if [ -r "${{{RANK_ENV_FILE_VAR}:-}}" ]; then set -a; . "${RANK_ENV_FILE_VAR}"; set +a; fi; '
+    'exec "$@"'
+)
+RANK_ENV_WRAPPER: tuple[str, ...] = ("sh", "-c", RANK_ENV_LOADER, "hva-rank")
+
+# Standard AWS variables that are secrets (the endpoint and region are not).
+AWS_SECRET_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Names of inherited variables never handed to horovodrun (it copies its whole environment
+# onto the rank command lines): Airflow config/connections and anything that looks secret.
+_NOT_FORWARDED = re.compile(
+    r"^(AIRFLOW.*|_AIRFLOW.*|AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN"
+    r"|AWS_SECURITY_TOKEN|.*(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|API_KEY).*)$",
+    re.IGNORECASE,
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass(frozen=True)
+class Host:
+    """One ``-H`` entry: a host name and how many ranks (slots) it runs."""
+
+    name: str
+    slots: int
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.slots}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.name in LOCAL_HOSTS
+
+
+def parse_hosts(hosts: str | Sequence[str] | None, num_proc: int) -> list[Host]:
+    """Parse ``"a:2,b:2"`` or ``["a:2", "b:2"]``; ``None`` means ``localhost:<num_proc>``.
+
+    A host without ``:slots`` gets one slot. Raises ``ValueError`` naming the bad entry.
+    """
+    if hosts is None or hosts == "" or hosts == []:
+        return [Host("localhost", num_proc)]
+    items = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+    parsed: list[Host] = []
+    for raw in items:
+        entry = str(raw).strip()
+        name, sep, slots_text = entry.rpartition(":")
+        if not sep:
+            name, slots_text = entry, "1"
+        if not name or not _HOSTNAME.match(name):
+            raise ValueError(f"hosts entry {raw!r} is not 'hostname:slots' (e.g. 'node1:4')")
+        try:
+            slots = int(slots_text)
+        except ValueError:
+            raise ValueError(
+                f"hosts entry {raw!r}: slots {slots_text!r} is not an integer ≥ 1"
+            ) from None
+        if slots < 1:
+            raise ValueError(f"hosts entry {raw!r}: slots must be ≥ 1, got {slots}")
+        parsed.append(Host(name, slots))
+    return parsed
+
+
+def trainer_args_to_argv(args: Mapping[str, Any] | Sequence[Any] | None) -> list[str]:
+    """``{"batch_size": 64, "amp": True, "seed": None}`` → ``["--batch-size", "64", "--amp"]``.
+
+    Underscores become dashes; ``True`` is a bare flag; ``False``/``None`` are omitted; a
+    list value repeats its items after one flag. A list/tuple is passed through as strings.
+    """
+    if args is None:
+        return []
+    if isinstance(args, str):
+        raise ValueError(
+            f"trainer_args must be a dict or a list of strings, got the string {args!r}"
+        )
+    if not isinstance(args, Mapping):
+        return [str(a) for a in args]
+    argv: list[str] = []
+    for key, value in args.items():
+        if not isinstance(key, str) or not key or key.startswith("-"):
+            raise ValueError(f"trainer_args key {key!r} must be a plain name like 'batch_size'")
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list | tuple):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def program_argv(
+    entrypoint: Sequence[str],
+    *,
+    data: str | None,
+    output: str,
+    extra: Sequence[str] = (),
+    resume: bool = False,
+    data_flag: str = "--data",
+    output_flag: str = "--output",
+) -> list[str]:
+    """The program's own command line: ``<entrypoint> --data D --output O [extra] [--resume]``."""
+    argv = [str(a) for a in entrypoint]
+    if data:
+        argv += [data_flag, data]
+    argv += [output_flag, output, *extra]
+    if resume:
+        argv.append("--resume")
+    return argv
+
+
+def horovodrun_argv(
+    program: Sequence[str],
+    *,
+    num_proc: int,
+    hosts: Sequence[Host],
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
+    network_interface: str | None = None,
+    load_rank_env: bool = True,
+    horovodrun: str = HOROVODRUN,
+) -> list[str]:
+    """``horovodrun -np N -H h:s,... [-p P] [--ssh-identity-file F] [--network-interface I] …``."""
+    argv = [horovodrun, "-np", str(num_proc), "-H", ",".join(str(h) for h in hosts)]
+    if ssh_port is not None:
+        argv += ["-p", str(ssh_port)]
+    if ssh_identity_file:
+        argv += ["--ssh-identity-file", ssh_identity_file]
+    if network_interface:
+        argv += ["--network-interface", network_interface]
+    if load_rank_env:
+        argv += RANK_ENV_WRAPPER
+    return argv + list(program)
+
+
+def is_our_trainer(entrypoint: Sequence[str]) -> bool:
+    """True when the entrypoint runs this project's trainer (``python -m trainer ...``)."""
+    ep = [str(a) for a in entrypoint]
+    return len(ep) >= 3 and ep[1] == "-m" and ep[2] == "trainer"
+
+
+def doctor_argv(entrypoint: Sequence[str], num_proc: int, gpus_per_proc: int) -> list[str]:
+    """``python -m trainer doctor --np N --gpus-per-proc G`` with the entrypoint's python."""
+    python = str(entrypoint[0])
+    return [python, "-m", "trainer", "doctor", "--np", str(num_proc), "--gpus-per-proc",
+            str(gpus_per_proc)]  # fmt: skip
+
+
+def rank_env_file_text(secret_env: Mapping[str, str]) -> str:
+    """The credentials file the rank wrapper sources: ``NAME='value'`` lines (sh-quoted)."""
+    lines = []
+    for name, value in secret_env.items():
+        validate_env_name(name, "secret_env")
+        lines.append(f"{name}={shlex.quote(str(value))}\n")
+    return "".join(lines)
+
+
+def stash_secrets_script(names: Iterable[str]) -> str:
+    """A ``sh -c`` script for a container: move the named variables from the environment into
+    a private file, point ``HVA_RANK_ENV_FILE`` at it, then ``exec "$@"`` (horovodrun).
+
+    A container gets its credentials as container environment; without this, horovodrun
+    would copy them onto every rank's ``sh -c`` command line inside the container.
+    """
+    names = list(names)
+    for n in names:
+        validate_env_name(n, "secret_env")
+    if not names:
+        return 'exec "$@"'
+    alternation = "|".join(names)
+    return (
+        'umask 077; f="$(mktemp)"; '
+        f"export -p | grep -E '^export ({alternation})=' > \"$f\"; "
+        f"unset {' '.join(names)}; "
+        f'export {RANK_ENV_FILE_VAR}="$f"; exec "$@"'
+    )
+
+
+def validate_env_name(name: str, field: str) -> None:
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        raise ValueError(f"{field}: {name!r} is not a valid environment variable name")
+
+
+def forwardable_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of an inherited environment that may be handed to horovodrun.
+
+    Drops Airflow's own variables (connections, config, keys) and anything named like a
+    secret: horovodrun would copy them onto every rank's command line.
+    """
+    return {k: v for k, v in environ.items() if not _NOT_FORWARDED.match(k)}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace each secret value (of 4+ characters) in ``text`` with ``***``."""
+    for s in secrets:
+        if s and len(s) >= 4:
+            text = text.replace(s, "***")
+    return text

@@ -1,0 +1,110 @@
+"""``HorovodExportOperator``: export a checkpoint to ONNX and check parity, as one process.
+
+``python -m trainer export --checkpoint C --output O [--data D]`` runs through the same
+launchers as training (no horovodrun: one process), so the export works where the Airflow
+worker has no torch. Returns what ``<output>/parity.json`` says.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
+from operators.exceptions import HorovodTrainingError
+from operators.job import HorovodJobOperatorBase, is_templated, job_name
+from operators.launchers.base import JobSpec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class HorovodExportOperator(HorovodJobOperatorBase):
+    """Run the trainer's export (checkpoint → ``model.onnx`` + ``parity.json``) as one process.
+
+    :param checkpoint: URI of ``checkpoint.pt`` (templated).
+    :param output: URI that receives ``model.onnx`` and ``parity.json`` (templated).
+    :param data: dataset URI used for the parity check; None → the program's default (templated).
+    :param entrypoint: default ``python -m trainer export``.
+    :param export_args: extra arguments, dict or list, as for ``trainer_args`` (templated).
+    :param require_parity: raise ``HorovodTrainingError`` when parity.json says not passed.
+
+    Returns ``{onnx_uri, parity_uri, max_abs_diff, argmax_mismatches, passed}``.
+    Supports ``launcher="local"`` and ``"docker"`` (a Kubeflow MPIJob is for many ranks).
+    """
+
+    template_fields: Sequence[str] = ("checkpoint", "output_uri", "data", "export_args", "env",
+                                      "image")  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        checkpoint: str,
+        output: str,
+        data: str | None = None,
+        entrypoint: Sequence[str] = EXPORT_ENTRYPOINT,
+        export_args: Mapping[str, Any] | Sequence[str] | None = None,
+        require_parity: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if self.launcher == "kubernetes":
+            raise ValueError(
+                "launcher='kubernetes' is not supported for the export (one process, not an "
+                "MPIJob); use 'local' or 'docker', or KubernetesPodOperator"
+            )
+        for field, value in (("checkpoint", checkpoint), ("output", output)):
+            if not value or not isinstance(value, str):
+                raise ValueError(f"{field} must be a URI (s3://... or a path), got {value!r}")
+        if data is not None and not isinstance(data, str):
+            raise ValueError(f"data must be a URI or None, got {data!r}")
+        if isinstance(entrypoint, str) or not entrypoint:
+            raise ValueError(f"entrypoint must be a non-empty list of strings, got {entrypoint!r}")
+        if export_args is not None and not is_templated(export_args):
+            trainer_args_to_argv(export_args)
+        self.checkpoint = checkpoint
+        self.output_uri = output
+        self.data = data
+        self.entrypoint = tuple(entrypoint)
+        self.export_args = export_args
+        self.require_parity = require_parity
+
+    def build_spec(self, context: Context) -> JobSpec:
+        argv = [*self.entrypoint, "--checkpoint", self.checkpoint, "--output", self.output_uri]
+        if self.data:
+            argv += ["--data", self.data]
+        argv += trainer_args_to_argv(self.export_args)
+        public, secret = self.job_env()
+        ti = context.get("ti")
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        name = job_name(str(getattr(self, "dag_id", "") or ""), self.task_id,
+                        str(context.get("run_id", "") or ""), try_number)  # fmt: skip
+        return JobSpec(name=name, argv=argv, env=public, secret_env=secret, num_proc=1,
+                       gpus_per_proc=self.gpus_per_proc, timeout=self.timeout,
+                       distributed=False)  # fmt: skip
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from trainer import storage
+
+        spec = self.build_spec(context)
+        self.log.info("exporting with %s: %s", self.launcher, shlex.join(spec.argv))
+        self.run_job(spec, context)
+        parity_uri = storage.join(self.output_uri, "parity.json")
+        parity = self.read_json(parity_uri, "parity.json")
+        missing = [k for k in ("max_abs_diff", "argmax_mismatches", "passed") if k not in parity]
+        if missing:
+            raise HorovodTrainingError(f"parity.json at {parity_uri} lacks {missing}")
+        result = {
+            "onnx_uri": storage.join(self.output_uri, "model.onnx"),
+            "parity_uri": parity_uri,
+            "max_abs_diff": self.number_or_none(parity["max_abs_diff"], "max_abs_diff",
+                                                parity_uri),  # fmt: skip
+            "argmax_mismatches": self.number_or_none(parity["argmax_mismatches"],
+                                                     "argmax_mismatches", parity_uri),  # fmt: skip
+            "passed": bool(parity["passed"]),
+        }
+        if self.require_parity and not result["passed"]:
+            raise HorovodTrainingError(f"ONNX parity check failed: {parity}")
+        self.log.info("export: %s", result)
+        return result

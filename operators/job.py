@@ -1,0 +1,288 @@
+"""What the Horovod operators share: credentials, launcher choice, kill, reading results.
+
+Runs in the Airflow worker. Never imports torch or horovod; providers (amazon, docker,
+cncf-kubernetes) are imported when first needed, so a DAG file parses in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from operators.command import Host, parse_hosts, validate_env_name
+from operators.exceptions import HorovodOperatorError, HorovodTrainingError
+from operators.launchers.base import JobSpec, Launcher
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+LAUNCHERS = ("local", "docker", "kubernetes")
+CLEANUP_POLICIES = ("delete", "keep", "delete_on_success")
+
+
+def is_templated(value: Any) -> bool:
+    """A value still holding Jinja (validated after rendering, in ``execute``)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def as_int(value: Any, field: str, *, minimum: int) -> int:
+    """Validate an int field that may arrive as a rendered template string."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field} must be an integer ≥ {minimum}, got {value!r}")
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field} must be an integer ≥ {minimum}, got {value!r}") from None
+    if number < minimum or (not isinstance(value, str) and number != value):
+        raise ValueError(f"{field} must be an integer ≥ {minimum}, got {value!r}")
+    return number
+
+
+def job_name(dag_id: str, task_id: str, run_id: str, try_number: int) -> str:
+    """A DNS-1123 name (≤ 52 chars, room for MPIJob pod suffixes) unique per try."""
+    digest = hashlib.sha256(f"{dag_id}/{task_id}/{run_id}/{try_number}".encode()).hexdigest()
+    stem = re.sub(r"[^a-z0-9-]+", "-", task_id.lower()).strip("-")[:38] or "job"
+    return f"hvd-{stem}-{digest[:8]}".strip("-")
+
+
+class HorovodJobOperatorBase(BaseOperator):
+    """Shared machinery of :class:`HorovodTrainOperator` and :class:`HorovodExportOperator`.
+
+    :param launcher: where the job runs: ``"local"`` (horovodrun on the worker),
+        ``"docker"`` (one container) or ``"kubernetes"`` (a Kubeflow MPIJob).
+    :param aws_conn_id: Airflow AWS connection whose credentials, endpoint and region reach
+        the job as the standard ``AWS_*`` variables (secrets masked, never on a command
+        line). ``None``: the job uses its own credentials (instance role, files).
+    :param env: extra non-secret environment variables for the job (templated).
+    :param secret_env: extra secret variables, delivered like the AWS credentials.
+    :param image: container image, required by the docker and kubernetes launchers (templated).
+    :param gpus_per_proc: GPUs per rank (0 = CPU).
+    :param timeout: seconds before the job is stopped (``HorovodTimeoutError``); None: no limit.
+    :param preflight: check slots/GPUs and run the trainer's doctor before launching.
+    :param docker_conn_id / docker_url: the Docker engine (``docker_url`` defaults to
+        ``$DOCKER_HOST`` or the local socket); ``docker_conn_id`` is for registry login.
+    :param mounts: docker bind mounts: ``"host:container[:ro]"`` strings or ``docker.types.Mount``.
+    :param shm_size: docker ``/dev/shm`` size (Gloo/NCCL use shared memory).
+    :param kubernetes_conn_id / namespace: the cluster for the MPIJob.
+    :param deferrable: kubernetes only: free the worker slot while the MPIJob runs.
+    :param poll_interval: seconds between MPIJob status checks.
+    :param cleanup: MPIJob/container policy: ``"delete"``, ``"keep"`` or ``"delete_on_success"``.
+    """
+
+    template_fields: Sequence[str] = ("env", "image")
+    template_fields_renderers = {"env": "json"}  # noqa: RUF012 - Airflow's class attribute
+    ui_color = "#e8f1fb"
+
+    def __init__(
+        self,
+        *,
+        launcher: str = "local",
+        aws_conn_id: str | None = "aws_default",
+        env: Mapping[str, str] | None = None,
+        secret_env: Mapping[str, str] | None = None,
+        image: str | None = None,
+        gpus_per_proc: int = 0,
+        timeout: float | None = None,
+        preflight: bool = True,
+        kill_grace_s: float = 15.0,
+        rank_env_dir: str | None = None,
+        docker_conn_id: str | None = None,
+        docker_url: str | None = None,
+        mounts: Sequence[Any] = (),
+        shm_size: str = "1g",
+        network_mode: str | None = None,
+        kubernetes_conn_id: str | None = "kubernetes_default",
+        namespace: str | None = None,
+        deferrable: bool = False,
+        poll_interval: float = 15.0,
+        cleanup: str = "delete_on_success",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
+        if launcher in ("docker", "kubernetes") and not image:
+            raise ValueError(f"image is required when launcher={launcher!r}")
+        if cleanup not in CLEANUP_POLICIES:
+            raise ValueError(
+                f"cleanup must be one of {', '.join(CLEANUP_POLICIES)}; got {cleanup!r}"
+            )
+        if env is not None and not isinstance(env, Mapping) and not is_templated(env):
+            raise ValueError(f"env must be a dict of name → value, got {type(env).__name__}")
+        if isinstance(env, Mapping):
+            for name in env:
+                validate_env_name(name, "env")
+        for name in secret_env or {}:
+            validate_env_name(name, "secret_env")
+        if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        self.launcher = launcher
+        self.aws_conn_id = aws_conn_id
+        self.env = dict(env) if isinstance(env, Mapping) else (env or {})
+        self.secret_env = dict(secret_env or {})
+        self.image = image
+        self.gpus_per_proc = as_int(gpus_per_proc, "gpus_per_proc", minimum=0)
+        self.timeout = timeout
+        self.preflight = preflight
+        self.kill_grace_s = kill_grace_s
+        self.rank_env_dir = rank_env_dir
+        self.docker_conn_id = docker_conn_id
+        self.docker_url = docker_url
+        self.mounts = list(mounts)
+        self.shm_size = shm_size
+        self.network_mode = network_mode
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.namespace = namespace
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.cleanup = cleanup
+        self._running: Launcher | None = None
+
+    # --- hooks (built lazily: no connection lookups while a DAG file parses) ----------
+    @cached_property
+    def s3_hook(self) -> Any:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        return S3Hook(aws_conn_id=self.aws_conn_id)
+
+    def s3_client_for(self, uri: str) -> Any | None:
+        """The connection's S3 client for an ``s3://`` URI; None for a local path."""
+        if not uri.startswith("s3://") or self.aws_conn_id is None:
+            return None
+        return self.s3_hook.get_conn()
+
+    def job_env(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(non-secret env, secret env) for the job, from ``env``, the AWS connection and
+        ``secret_env``. Secrets are registered with Airflow's masker before anything logs."""
+        from airflow.sdk.log import mask_secret
+
+        public = {str(k): str(v) for k, v in self.env.items()}
+        secret = {str(k): str(v) for k, v in self.secret_env.items()}
+        if self.aws_conn_id is not None:
+            hook = self.s3_hook
+            creds = hook.get_credentials()  # masks secret_key and token itself
+            if creds.access_key:
+                secret["AWS_ACCESS_KEY_ID"] = creds.access_key
+            if creds.secret_key:
+                secret["AWS_SECRET_ACCESS_KEY"] = creds.secret_key
+            if creds.token:
+                secret["AWS_SESSION_TOKEN"] = creds.token
+            region = hook.conn_config.region_name or hook.conn_region_name
+            if region:
+                public.setdefault("AWS_DEFAULT_REGION", region)
+            endpoint = hook.conn_config.endpoint_url
+            if endpoint:
+                public.setdefault("AWS_ENDPOINT_URL", endpoint)
+        for value in secret.values():
+            mask_secret(value)
+        return public, secret
+
+    # --- launchers --------------------------------------------------------------------
+    def make_launcher(self, hosts: Sequence[Host] = ()) -> Launcher:
+        if self.launcher == "local":
+            from operators.launchers.local import LocalLauncher
+
+            return LocalLauncher(
+                hosts, kill_grace_s=self.kill_grace_s, rank_env_dir=self.rank_env_dir
+            )
+        if self.launcher == "docker":
+            from operators.launchers.docker import DockerLauncher
+
+            return DockerLauncher(
+                image=str(self.image),
+                docker_conn_id=self.docker_conn_id,
+                docker_url=self.docker_url,
+                mounts=self.mounts,
+                shm_size=self.shm_size,
+                network_mode=self.network_mode,
+                cleanup=self.cleanup,
+            )
+        from operators.launchers.kubernetes import KubernetesLauncher
+
+        return KubernetesLauncher(
+            image=str(self.image),
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            namespace=self.namespace,
+            poll_interval=self.poll_interval,
+            cleanup=self.cleanup,
+        )
+
+    def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:
+        """Preflight, then run (or, for a deferrable MPIJob, submit and defer)."""
+        launcher = self.make_launcher(hosts)
+        self._running = launcher
+        try:
+            if self.preflight:
+                launcher.preflight(spec, self.log)
+            if self.launcher == "kubernetes" and self.deferrable:
+                from operators.launchers.kubernetes import KubernetesLauncher
+                from operators.triggers import MPIJobTrigger
+
+                assert isinstance(launcher, KubernetesLauncher)
+                ref = launcher.submit(spec, self.log)
+                self.defer(
+                    trigger=MPIJobTrigger(
+                        name=ref["name"],
+                        namespace=ref["namespace"],
+                        kubernetes_conn_id=self.kubernetes_conn_id,
+                        poll_interval=self.poll_interval,
+                        timeout=spec.timeout,
+                    ),
+                    method_name="execute_complete",
+                    kwargs={"ref": ref},  # stored in the metadata DB: never secrets
+                )
+            launcher.run(spec, self.log)
+        finally:
+            self._running = None
+
+    def finish_deferred(self, event: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
+        """After the trigger fired: surface the launcher pod's log, clean up, raise on failure."""
+        from operators.launchers.kubernetes import KubernetesLauncher
+
+        secrets = list(self.job_env()[1].values())  # to redact the pod log
+        launcher = self.make_launcher()
+        assert isinstance(launcher, KubernetesLauncher)
+        launcher.finish(dict(ref), dict(event), self.log, secrets=secrets)
+
+    def on_kill(self) -> None:
+        """Stop the job this task started; a no-op when none runs (safe to call twice)."""
+        launcher = self._running
+        if launcher is not None:
+            self.log.info("on_kill: stopping the %s job", launcher.name)
+            launcher.kill()
+
+    # --- results ----------------------------------------------------------------------
+    def read_json(self, uri: str, what: str) -> dict[str, Any]:
+        """Read a JSON object the job wrote (through the connection's S3 client)."""
+        from trainer import storage
+
+        try:
+            text = storage.read_text(uri, client=self.s3_client_for(uri))
+        except storage.StorageError as e:
+            raise HorovodTrainingError(
+                f"the job exited 0 but {what} is missing at {uri}: the program must write it "
+                f"(see docs/design.md, training-program contract): {e}"
+            ) from e
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise HorovodTrainingError(f"{what} at {uri} is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise HorovodTrainingError(f"{what} at {uri} must be a JSON object, got {data!r:.80}")
+        return data
+
+    @staticmethod
+    def number_or_none(value: Any, key: str, uri: str) -> float | int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise HorovodOperatorError(f"{key} in {uri} must be a number, got {value!r}")
+        return value

@@ -1,0 +1,80 @@
+"""The one launcher interface: run a prepared command somewhere and report how it ended.
+
+A launcher gets a :class:`JobSpec` (the command, its environment, the credentials kept
+apart) and either returns a :class:`JobResult` for exit code 0 or raises a typed
+:mod:`operators.exceptions` error carrying the tail of the job's output. ``kill()`` stops
+whatever it started and is a no-op when nothing runs (Airflow may call it twice).
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from dataclasses import dataclass, field
+
+from operators.command import redact
+
+LOG_TAIL_LINES = 100
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run. ``argv`` never holds a secret; ``secret_env`` never reaches a command line."""
+
+    name: str  # a DNS-safe job name (container / MPIJob name)
+    argv: Sequence[str]  # the full command (``horovodrun ...`` or one program)
+    env: Mapping[str, str] = field(default_factory=dict)  # non-secret variables
+    secret_env: Mapping[str, str] = field(default_factory=dict)  # credentials
+    num_proc: int = 1  # ranks
+    gpus_per_proc: int = 0  # GPUs each rank needs
+    timeout: float | None = None  # seconds before the job is stopped
+    distributed: bool = True  # argv is a horovodrun command (ranks source the secrets file)
+    preflight_argv: Sequence[str] | None = None  # a doctor command to run first, if any
+
+
+@dataclass(frozen=True)
+class JobResult:
+    exit_code: int
+    log_tail: list[str]
+
+
+class LogTail:
+    """Redacts and forwards each output line to the task log and keeps the last lines."""
+
+    def __init__(
+        self,
+        log: Any,
+        secrets: Sequence[str] = (),
+        keep: int = LOG_TAIL_LINES,
+    ) -> None:
+        # A stdlib or structlog logger (Airflow's ``self.log``), or any callable.
+        self._emit: Callable[[str], Any] = log.info if hasattr(log, "info") else log
+        self._secrets = [s for s in secrets if s]
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+
+    def __call__(self, line: str) -> None:
+        line = redact(line.rstrip("\r\n"), self._secrets)
+        self.lines.append(line)
+        self._emit(line)
+
+    def tail(self) -> list[str]:
+        return list(self.lines)
+
+
+class Launcher(abc.ABC):
+    """Runs a :class:`JobSpec`; one launcher instance runs one job."""
+
+    name: str = "base"
+
+    def preflight(self, spec: JobSpec, log: Any) -> None:  # noqa: B027
+        """Refuse early (``HorovodPreflightError``) when the job cannot start; default: no-op."""
+
+    @abc.abstractmethod
+    def run(self, spec: JobSpec, log: Any) -> JobResult:
+        """Run to completion; return on exit 0, raise a typed error otherwise."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Stop the running job (idempotent; no-op when nothing runs)."""

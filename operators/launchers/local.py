@@ -1,0 +1,298 @@
+"""Run the job as a ``horovodrun`` subprocess on the Airflow worker (or its ssh hosts).
+
+``horovodrun`` starts in its own session (``start_new_session=True``) so that a kill reaches
+it and everything below it, never the Airflow worker. Its ranks' middleman processes call
+``setsid()`` themselves, so the kill also walks the process tree (psutil), not only the group.
+Output is streamed line by line into the task log (horovodrun already prefixes rank lines,
+e.g. ``[1]<stdout>:``), redacted, and the last lines are kept for the exception.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from operators.command import (
+    RANK_ENV_FILE_VAR,
+    Host,
+    forwardable_environ,
+    rank_env_file_text,
+)
+from operators.exceptions import (
+    HorovodLaunchError,
+    HorovodPreflightError,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+)
+from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail
+
+DEFAULT_KILL_GRACE_S = 15.0
+
+
+def check_slots(
+    num_proc: int,
+    hosts: Sequence[Host],
+    gpus_per_proc: int,
+    *,
+    cpu_count: int | None,
+    gpu_count: int | None,
+) -> None:
+    """Refuse a job that cannot get ``num_proc`` slots; the error names the numbers."""
+    total = sum(h.slots for h in hosts)
+    if total < num_proc:
+        listed = ",".join(str(h) for h in hosts)
+        raise HorovodPreflightError(
+            f"num_proc={num_proc} but hosts {listed!r} offer only {total} slots in total; "
+            f"add hosts/slots or lower num_proc"
+        )
+    if not all(h.is_local for h in hosts):
+        return  # remote capacity is the remote hosts' business (their doctor/horovodrun)
+    if gpus_per_proc > 0:
+        need = num_proc * gpus_per_proc
+        have = gpu_count or 0
+        if have < need:
+            raise HorovodPreflightError(
+                f"num_proc={num_proc} × gpus_per_proc={gpus_per_proc} needs {need} GPUs, "
+                f"but this machine has {have}; lower num_proc/gpus_per_proc or use CPU "
+                f"(gpus_per_proc=0)"
+            )
+    elif cpu_count is not None and num_proc > cpu_count:
+        raise HorovodPreflightError(
+            f"num_proc={num_proc} CPU ranks on localhost but os.cpu_count()={cpu_count}; "
+            f"use num_proc ≤ {cpu_count}, or hosts with more slots"
+        )
+
+
+def visible_gpu_count() -> int:
+    """GPUs ``nvidia-smi -L`` lists (0 when there is no driver)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+class LocalLauncher(Launcher):
+    """``horovodrun`` (or one process) as a child of the Airflow worker."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        hosts: Sequence[Host] = (),
+        *,
+        kill_grace_s: float = DEFAULT_KILL_GRACE_S,
+        rank_env_dir: str | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        self.hosts = list(hosts)
+        self.kill_grace_s = kill_grace_s
+        # Where the credentials file is written; must be a path every host can read when
+        # the hosts are remote (e.g. a shared filesystem). Default: a private temp dir.
+        self.rank_env_dir = rank_env_dir
+        self.cwd = cwd
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._killed = False
+        self._timed_out = False
+        self._known: dict[int, psutil.Process] = {}
+
+    # --- preflight --------------------------------------------------------------------
+    def preflight(self, spec: JobSpec, log: Any) -> None:
+        if spec.distributed:
+            check_slots(
+                spec.num_proc,
+                self.hosts or [Host("localhost", spec.num_proc)],
+                spec.gpus_per_proc,
+                cpu_count=os.cpu_count(),
+                gpu_count=visible_gpu_count() if spec.gpus_per_proc else None,
+            )
+        if spec.preflight_argv:
+            log.info("preflight: %s", shlex.join(spec.preflight_argv))
+            try:
+                done = subprocess.run(
+                    list(spec.preflight_argv),
+                    capture_output=True,
+                    text=True,
+                    env=self._environ(spec),
+                    timeout=300,
+                    cwd=self.cwd,
+                )
+            except FileNotFoundError as e:
+                raise HorovodPreflightError(
+                    f"preflight command {spec.preflight_argv[0]!r} not found: {e}"
+                ) from e
+            except subprocess.TimeoutExpired as e:
+                raise HorovodPreflightError("preflight command did not finish in 300 s") from e
+            lines = (done.stdout + done.stderr).splitlines()
+            for line in lines:
+                log.info("preflight | %s", line)
+            if done.returncode != 0:
+                raise HorovodPreflightError(
+                    f"preflight {' '.join(spec.preflight_argv)!r} exited {done.returncode}: "
+                    f"the job cannot start here",
+                    log_tail=lines[-100:],
+                )
+
+    # --- run --------------------------------------------------------------------------
+    def _environ(self, spec: JobSpec) -> dict[str, str]:
+        env = forwardable_environ(os.environ)
+        env.update(spec.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def run(self, spec: JobSpec, log: Any) -> JobResult:
+        if shutil.which(spec.argv[0]) is None and not os.path.exists(spec.argv[0]):
+            raise HorovodLaunchError(
+                f"{spec.argv[0]!r} is not on PATH of the Airflow worker; install horovod "
+                f"(horovodrun) in the worker's environment or use launcher='docker'/'kubernetes'"
+            )
+        env = self._environ(spec)
+        secret_dir: str | None = None
+        if spec.distributed:
+            if spec.secret_env:
+                # Private file the ranks source (see operators.command): 0700 dir, 0600 file.
+                secret_dir = tempfile.mkdtemp(prefix="hva-rank-env-", dir=self.rank_env_dir)
+                path = Path(secret_dir) / "rank.env"
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(rank_env_file_text(spec.secret_env))
+                env[RANK_ENV_FILE_VAR] = str(path)
+        else:
+            env.update(spec.secret_env)  # one process: its environment is private to it
+
+        out = LogTail(log, secrets=list(spec.secret_env.values()))
+        timer: threading.Timer | None = None
+        try:
+            with self._lock:
+                if self._killed:
+                    raise HorovodLaunchError("the task was killed before the job started")
+                try:
+                    self._proc = subprocess.Popen(
+                        list(spec.argv),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        cwd=self.cwd,
+                        text=True,
+                        bufsize=1,
+                        errors="replace",
+                        start_new_session=True,  # its own process group: kill reaches all
+                    )
+                except OSError as e:
+                    raise HorovodLaunchError(f"cannot start {spec.argv[0]!r}: {e}") from e
+            proc = self._proc
+            log.info("started pid %s (process group %s)", proc.pid, proc.pid)
+            if spec.timeout:
+                timer = threading.Timer(spec.timeout, self._on_timeout)
+                timer.daemon = True
+                timer.start()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out(line)
+            exit_code = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if secret_dir is not None:
+                shutil.rmtree(secret_dir, ignore_errors=True)
+        # A job that stopped must leave nothing behind, even if horovodrun died abruptly.
+        self._reap_leftovers()
+        if self._timed_out:
+            raise HorovodTimeoutError(
+                f"job {spec.name!r} ran longer than timeout={spec.timeout}s and was stopped",
+                timeout=float(spec.timeout or 0),
+                log_tail=out.tail(),
+            )
+        if self._killed:
+            raise HorovodTrainingError(
+                f"job {spec.name!r} was killed (exit code {exit_code})",
+                exit_code=exit_code,
+                log_tail=out.tail(),
+            )
+        if exit_code != 0:
+            raise HorovodTrainingError(
+                f"job {spec.name!r} exited with code {exit_code}",
+                exit_code=exit_code,
+                log_tail=out.tail(),
+            )
+        return JobResult(exit_code=0, log_tail=out.tail())
+
+    # --- stop -------------------------------------------------------------------------
+    def _on_timeout(self) -> None:
+        self._timed_out = True
+        self._terminate()
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+        self._terminate()
+
+    def _remember_descendants(self) -> None:
+        # psutil.Process objects (not bare pids) so a recycled pid is never signalled.
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                self._known.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+
+    def _alive(self) -> list[psutil.Process]:
+        alive = []
+        for p in self._known.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        return alive
+
+    def _terminate(self) -> None:
+        """SIGTERM the group (horovodrun stops its ranks), then SIGKILL what is left."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._reap_leftovers()
+            return
+        self._remember_descendants()
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < deadline:
+            self._remember_descendants()
+            if proc.poll() is not None and not self._alive():
+                return
+            time.sleep(0.1)
+        self._remember_descendants()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._reap_leftovers()
+
+    def _reap_leftovers(self) -> None:
+        """SIGKILL any process of this job that outlived horovodrun (rank middlemen setsid)."""
+        self._remember_descendants()
+        for p in self._alive():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

@@ -1,0 +1,26 @@
+"""Deployment settings of the retraining pipeline, read once from the environment.
+
+The DAG files import these so that the DAG and its serving-side consumer agree on the bucket,
+the model name and the Asset URI without touching the metadata DB at parse time.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``HVA_AWS_CONN_ID`` | ``aws_default`` | Airflow AWS connection (endpoint + credentials) |
+| ``HVA_BUCKET`` | ``horovod-airflow`` | bucket for datasets, runs and published models |
+| ``HVA_LAUNCHER`` | ``local`` | default launcher in the trigger form |
+| ``HVA_TRAINER_IMAGE`` | ``horovod-airflow/trainer:latest`` | image for docker/kubernetes |
+"""
+
+from __future__ import annotations
+
+import os
+
+AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
+BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
+BUCKET_URI = f"s3://{BUCKET}"
+MODEL_NAME = "mnist_cnn"
+DEFAULT_LAUNCHER = os.environ.get("HVA_LAUNCHER", "local")
+TRAINER_IMAGE = os.environ.get("HVA_TRAINER_IMAGE", "horovod-airflow/trainer:latest")
+#: The Asset URI of the serving pointer that ``publish`` writes last.
+LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/latest.json"
+LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"

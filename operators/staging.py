@@ -1,0 +1,118 @@
+"""Stage a dataset into S3, content-addressed: the first task of the retraining pipeline.
+
+Runs in the Airflow worker; needs no torch. The layout is the trainer's
+(:mod:`trainer.layout`), so what is staged here is exactly what the ranks verify.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainer import layout, storage
+
+log = logging.getLogger(__name__)
+
+#: The real MNIST shipped with the project (CC BY-SA 3.0, see data/mnist/README.md).
+VENDORED_MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
+VENDORED = "vendored"
+
+
+def _resolve_source(source: str, workdir: Path, client: Any) -> Path:
+    """A local folder holding the source files; ``s3://`` sources are downloaded first."""
+    if not source or source == VENDORED:
+        path = Path(os.environ.get("HVA_VENDORED_MNIST", VENDORED_MNIST))
+        if not path.is_dir():
+            raise layout.DatasetError(
+                f"the vendored MNIST is not at {path}; set HVA_VENDORED_MNIST or pass a source"
+            )
+        return path
+    if source.startswith("s3://"):
+        dest = workdir / "source"
+        wanted = {stem: (stem, stem + ".gz") for stem in layout.STEMS.values()}
+        for uri in storage.list_uris(source, client=client):
+            name = uri.rsplit("/", 1)[-1]
+            if any(name in names for names in wanted.values()):
+                storage.download_file(uri, dest / name, client=client)
+        if not dest.is_dir():
+            raise layout.DatasetError(
+                f"dataset source {source} holds none of the MNIST-format files "
+                f"({', '.join(s + '[.gz]' for s in layout.STEMS.values())})"
+            )
+        return dest
+    if "://" in source and not source.startswith("file://"):
+        raise layout.DatasetError(
+            f"dataset source {source!r}: use 'vendored', an s3:// prefix or a local folder"
+        )
+    return Path(storage.parse(source).key)
+
+
+def _already_staged(prefix: str, manifest: dict[str, Any], client: Any) -> bool:
+    """True when ``prefix`` holds this manifest and every file it lists, at the right size."""
+    manifest_uri = storage.join(prefix, layout.MANIFEST_NAME)
+    if not storage.exists(manifest_uri, client=client):
+        return False
+    try:
+        staged = layout.parse_manifest(storage.read_bytes(manifest_uri, client=client))
+    except layout.DatasetError:
+        return False
+    if staged["content_hash"] != manifest["content_hash"]:
+        return False
+    sizes = {}
+    loc = storage.parse(prefix)
+    if loc.is_s3:
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=loc.bucket, Prefix=loc.key + "/"
+        ):
+            for obj in page.get("Contents", []):
+                sizes[obj["Key"].rsplit("/", 1)[-1]] = obj["Size"]
+    else:
+        for uri in storage.list_uris(prefix):
+            sizes[Path(uri).name] = Path(uri).stat().st_size
+    return all(sizes.get(e["name"]) == e["size"] for e in manifest["files"])
+
+
+def stage_dataset(
+    source: str, bucket_uri: str, *, name: str = "mnist", client: Any | None = None
+) -> dict[str, Any]:
+    """Upload an MNIST-format dataset to ``<bucket_uri>/datasets/<name>/<hash16>/``.
+
+    ``source`` is ``"vendored"`` (or empty) for the project's real MNIST, an ``s3://`` prefix,
+    or a local folder. Creates the bucket if missing. Idempotent: when the content-addressed
+    prefix already holds the same manifest and files, nothing is uploaded. The manifest is
+    written last, so a staged prefix with a manifest is always complete.
+
+    Returns ``{"uri", "name", "content_hash", "splits", "uploaded"}`` (uploaded: file names).
+    """
+    client = client if client is not None else storage.s3_client()
+    with tempfile.TemporaryDirectory(prefix="hva-stage-") as tmp:
+        folder = _resolve_source(source, Path(tmp), client)
+        files = layout.find_source_files(folder)
+        manifest = layout.build_manifest(name, files)
+        storage.ensure_bucket(bucket_uri, client=client)
+        prefix = layout.staged_prefix(bucket_uri, manifest)
+        uploaded: list[str] = []
+        if _already_staged(prefix, manifest, client):
+            log.info("dataset %s already staged at %s: nothing to upload", name, prefix)
+        else:
+            for path in files.values():
+                storage.upload_file(path, storage.join(prefix, path.name), client=client)
+                uploaded.append(path.name)
+            storage.write_text(
+                storage.join(prefix, layout.MANIFEST_NAME),
+                json.dumps(manifest, indent=2, sort_keys=True),
+                client=client,
+            )
+            uploaded.append(layout.MANIFEST_NAME)
+            log.info("staged %s (%s) at %s: %s", name, manifest["splits"], prefix, uploaded)
+    return {
+        "uri": prefix,
+        "name": name,
+        "content_hash": manifest["content_hash"],
+        "splits": manifest["splits"],
+        "uploaded": uploaded,
+    }

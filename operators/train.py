@@ -1,0 +1,223 @@
+"""``HorovodTrainOperator``: run a Horovod training program and return its metrics.
+
+Runs in the Airflow worker; the training itself runs in the ranks ``horovodrun`` starts
+(on the worker, in a container, or in a Kubeflow MPIJob). Never imports torch or horovod.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from operators.command import (
+    TRAINER_ENTRYPOINT,
+    doctor_argv,
+    horovodrun_argv,
+    is_our_trainer,
+    parse_hosts,
+    program_argv,
+    trainer_args_to_argv,
+)
+from operators.exceptions import HorovodTrainingError
+from operators.job import HorovodJobOperatorBase, as_int, is_templated, job_name
+from operators.launchers.base import JobSpec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+XCOM_KEYS = ("val_accuracy", "val_loss", "val_samples", "epochs", "world_size")
+
+
+class HorovodTrainOperator(HorovodJobOperatorBase):
+    """Train with Horovod on ``num_proc`` ranks; return the metrics the program wrote.
+
+    Builds ``horovodrun -np N -H hosts <entrypoint> --data D --output O [trainer_args]``
+    (``--resume`` added on Airflow retries when ``resume_on_retry``), runs it through the
+    chosen launcher, then reads ``<output>/metrics.json`` with the AWS connection and
+    returns (as XCom) ``val_accuracy, val_loss, val_samples, epochs, world_size, output,
+    metrics_uri, checkpoint_uri`` (and ``metric_key``'s value). Any program that follows
+    the training-program contract of ``docs/design.md`` can be the ``entrypoint``.
+
+    :param num_proc: number of Horovod ranks (templated; validated after rendering).
+    :param data: dataset URI handed as ``--data`` (templated).
+    :param output: output URI handed as ``--output``; metrics.json is read from it
+        (templated, as the ``output_uri`` attribute: ``BaseOperator.output`` is the XComArg).
+    :param trainer_args: extra program arguments: a dict (``batch_size=64`` → ``--batch-size
+        64``; True → bare flag; False/None → omitted) or a list of strings (templated).
+    :param hosts: ``"host:slots,..."`` or a list; None → ``localhost:<num_proc>``.
+    :param entrypoint: the program, default ``python -m trainer train``.
+    :param metric_key: the gate metric that must be in metrics.json.
+    :param resume_on_retry: add ``--resume`` when ``try_number > 1``.
+    :param ssh_port / ssh_identity_file / network_interface: passed to horovodrun.
+
+    Plus the launcher settings of :class:`operators.job.HorovodJobOperatorBase`.
+    """
+
+    template_fields: Sequence[str] = (
+        "data",
+        "output_uri",
+        "trainer_args",
+        "env",
+        "image",
+        "num_proc",
+    )
+    template_fields_renderers = {"env": "json", "trainer_args": "json"}  # noqa: RUF012
+
+    def __init__(
+        self,
+        *,
+        data: str,
+        output: str,
+        num_proc: int | str = 1,
+        hosts: str | Sequence[str] | None = None,
+        entrypoint: Sequence[str] = TRAINER_ENTRYPOINT,
+        trainer_args: Mapping[str, Any] | Sequence[str] | None = None,
+        metric_key: str = "val_accuracy",
+        resume_on_retry: bool = True,
+        ssh_port: int | None = None,
+        ssh_identity_file: str | None = None,
+        network_interface: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not is_templated(num_proc):
+            as_int(num_proc, "num_proc", minimum=1)
+        if not data or not isinstance(data, str):
+            raise ValueError(f"data must be a dataset URI (s3://... or a path), got {data!r}")
+        if not output or not isinstance(output, str):
+            raise ValueError(f"output must be an output URI (s3://... or a path), got {output!r}")
+        if isinstance(entrypoint, str) or not entrypoint or not all(
+            isinstance(a, str) and a for a in entrypoint
+        ):
+            raise ValueError(
+                f"entrypoint must be a non-empty list of strings like "
+                f"['python', '-m', 'trainer', 'train'], got {entrypoint!r}"
+            )
+        if trainer_args is not None and not is_templated(trainer_args):
+            trainer_args_to_argv(trainer_args)  # raises ValueError naming the bad key
+        if not metric_key or not isinstance(metric_key, str):
+            raise ValueError(f"metric_key must be a non-empty string, got {metric_key!r}")
+        if ssh_port is not None and not (isinstance(ssh_port, int) and 0 < ssh_port < 65536):
+            raise ValueError(f"ssh_port must be a TCP port 1-65535, got {ssh_port!r}")
+        if hosts is not None and not is_templated(hosts):
+            parse_hosts(hosts, 1)  # raises ValueError naming the bad entry
+        self.data = data
+        self.output_uri = output
+        self.num_proc = num_proc
+        self.hosts = hosts
+        self.entrypoint = tuple(entrypoint)
+        self.trainer_args = trainer_args
+        self.metric_key = metric_key
+        self.resume_on_retry = resume_on_retry
+        self.ssh_port = ssh_port
+        self.ssh_identity_file = ssh_identity_file
+        self.network_interface = network_interface
+
+    def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
+        """Validate the rendered fields and build the job (command, env, secrets)."""
+        num_proc = as_int(self.num_proc, "num_proc", minimum=1)
+        hosts = parse_hosts(self.hosts, num_proc)
+        if self.launcher != "local" and self.hosts is not None:
+            raise ValueError(
+                f"hosts is only for launcher='local' (docker runs localhost:{num_proc}, "
+                f"kubernetes places ranks on MPIJob workers); got hosts={self.hosts!r}"
+            )
+        ti = context.get("ti")
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        resume = self.resume_on_retry and try_number > 1
+        program = program_argv(
+            self.entrypoint,
+            data=self.data,
+            output=self.output_uri,
+            extra=trainer_args_to_argv(self.trainer_args),
+            resume=resume,
+        )
+        if resume:
+            self.log.info("try %d: resuming from the checkpoint in %s", try_number, self.output_uri)
+        public, secret = self.job_env()
+        name = job_name(
+            str(getattr(self, "dag_id", "") or ""),
+            self.task_id,
+            str(context.get("run_id", "") or ""),
+            try_number,
+        )
+        preflight = (
+            doctor_argv(self.entrypoint, num_proc, self.gpus_per_proc)
+            if is_our_trainer(self.entrypoint) and self.launcher == "local"
+            else None
+        )
+        if self.launcher == "local":
+            argv = horovodrun_argv(
+                program,
+                num_proc=num_proc,
+                hosts=hosts,
+                ssh_port=self.ssh_port,
+                ssh_identity_file=self.ssh_identity_file,
+                network_interface=self.network_interface,
+            )
+            if not all(h.is_local for h in hosts) and secret:
+                self.log.warning(
+                    "hosts %s are remote: the ranks there read credentials from %s only if "
+                    "rank_env_dir is a folder all hosts share; otherwise they use their own "
+                    "(instance role, ~/.aws). Secrets are never put on the ssh command line.",
+                    ",".join(map(str, hosts)),
+                    self.rank_env_dir or "a private temp dir on this worker",
+                )
+        else:
+            # docker: ranks share one container; kubernetes: the launcher builds -H itself.
+            argv = program
+        spec = JobSpec(
+            name=name,
+            argv=argv,
+            env=public,
+            secret_env=secret,
+            num_proc=num_proc,
+            gpus_per_proc=self.gpus_per_proc,
+            timeout=self.timeout,
+            distributed=True,
+            preflight_argv=preflight,
+        )
+        return spec, hosts
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spec, hosts = self.build_spec(context)
+        self.log.info("launching %d ranks with %s: %s", spec.num_proc, self.launcher,
+                      shlex.join(spec.argv))  # fmt: skip
+        self.run_job(spec, context, hosts)
+        return self.collect_metrics()
+
+    def execute_complete(
+        self, context: Context, event: Mapping[str, Any], ref: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Resume after the MPIJob trigger fired (deferrable kubernetes launcher)."""
+        self.finish_deferred(event, ref)
+        return self.collect_metrics()
+
+    def collect_metrics(self) -> dict[str, Any]:
+        """Read ``<output>/metrics.json`` (not stdout) and return the small XCom dict."""
+        from trainer import storage
+
+        metrics_uri = storage.join(self.output_uri, "metrics.json")
+        metrics = self.read_json(metrics_uri, "metrics.json")
+        if self.metric_key not in metrics:
+            raise HorovodTrainingError(
+                f"metrics.json at {metrics_uri} has no {self.metric_key!r} (metric_key); "
+                f"keys present: {sorted(metrics)}"
+            )
+        result: dict[str, Any] = {
+            key: self.number_or_none(metrics.get(key), key, metrics_uri) for key in XCOM_KEYS
+        }
+        result[self.metric_key] = self.number_or_none(
+            metrics[self.metric_key], self.metric_key, metrics_uri
+        )
+        artifacts = metrics.get("artifacts") or {}
+        checkpoint = artifacts.get("checkpoint") if isinstance(artifacts, dict) else None
+        if checkpoint is None and storage.exists(
+            storage.join(self.output_uri, "checkpoint.pt"),
+            client=self.s3_client_for(self.output_uri),
+        ):
+            checkpoint = storage.join(self.output_uri, "checkpoint.pt")
+        result.update(output=self.output_uri, metrics_uri=metrics_uri, checkpoint_uri=checkpoint)
+        self.log.info("metrics: %s", result)
+        return result

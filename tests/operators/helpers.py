@@ -1,0 +1,33 @@
+"""Shared helpers for the operator tests: a minimal task context and an eval set on S3."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PROGRAM = ("python", "-m", "tests.programs.allreduce_program")
+
+
+@dataclass
+class FakeTI:
+    """The one attribute of a TaskInstance the operators read."""
+
+    try_number: int = 1
+
+
+def context(try_number: int = 1, run_id: str = "manual__test") -> dict[str, Any]:
+    return {"ti": FakeTI(try_number), "run_id": run_id}
+
+
+def put_eval_set(s3: Any, bucket: str, prefix: str, n: int = 40) -> tuple[str, float]:
+    """Write ``eval.json`` (labels, predictions) and return (data URI, its true accuracy)."""
+    labels = [i % 10 for i in range(n)]
+    predictions = [lab if i % 4 else (lab + 1) % 10 for i, lab in enumerate(labels)]
+    s3.put_object(
+        Bucket=bucket,
+        Key=f"{prefix}/eval.json",
+        Body=json.dumps({"labels": labels, "predictions": predictions}).encode(),
+    )
+    accuracy = sum(a == b for a, b in zip(labels, predictions, strict=True)) / n
+    return f"s3://{bucket}/{prefix}", accuracy

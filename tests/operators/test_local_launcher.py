@@ -1,0 +1,175 @@
+"""The local launcher for real: horovodrun with 2 CPU ranks against the moto S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
+from tests.operators.helpers import PROGRAM, context, put_eval_set
+
+pytestmark = pytest.mark.usefixtures("s3_server")
+
+
+class TaskLog:
+    """The operator's task log: Airflow 3 logs through structlog to stdout."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self._capsys = capsys
+        self._seen = ""
+
+    @property
+    def text(self) -> str:
+        captured = self._capsys.readouterr()
+        self._seen += captured.out + captured.err
+        return self._seen
+
+
+@pytest.fixture
+def task_log(capsys: pytest.CaptureFixture[str]) -> TaskLog:
+    return TaskLog(capsys)
+
+
+def make_op(data: str, output: str, **kwargs) -> HorovodTrainOperator:
+    kwargs.setdefault("entrypoint", PROGRAM)
+    kwargs.setdefault("num_proc", 2)
+    return HorovodTrainOperator(task_id=kwargs.pop("task_id", "train"), data=data,
+                                output=output, **kwargs)  # fmt: skip
+
+
+def test_two_ranks_return_metrics_from_metrics_json(s3_server, task_log):
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket()
+    data, accuracy = put_eval_set(s3, bucket, "eval")
+    output = f"s3://{bucket}/runs/one"
+    op = make_op(data, output, trainer_args={"epochs": 3, "print_env": "AWS_SECRET_ACCESS_KEY"})
+
+    result = op.execute(context())
+
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/one/metrics.json")["Body"].read())
+    assert result["val_accuracy"] == pytest.approx(accuracy) == metrics["val_accuracy"]
+    assert result["world_size"] == 2
+    assert result["epochs"] == 3
+    assert result["val_samples"] == 40
+    assert result["output"] == output
+    assert result["metrics_uri"] == f"{output}/metrics.json"
+    assert result["checkpoint_uri"] is None  # the tiny program writes no checkpoint
+    assert metrics["resumed"] is False
+    log = task_log.text
+    # Rank output was streamed into the task log, with horovodrun's rank prefixes.
+    assert "[0]<stdout>:" in log and "[1]<stdout>:" in log
+    # The credentials reached the ranks (rank 0 reports it) but never the log.
+    assert "env AWS_SECRET_ACCESS_KEY is set" in log
+    assert s3_server.env["AWS_SECRET_ACCESS_KEY"] not in log
+
+
+def test_retry_passes_resume(s3_server, task_log):
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3, bucket, "eval")
+    op = make_op(data, f"s3://{bucket}/runs/retry")
+
+    op.execute(context(try_number=2))
+
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/retry/metrics.json")["Body"].read())
+    assert metrics["resumed"] is True
+    assert "started resume=True" in task_log.text
+
+
+def test_failing_rank_raises_training_error_with_log_tail(s3_server):
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    op = make_op(data, f"s3://{bucket}/runs/fail", trainer_args={"fail_rank": 1, "exit_code": 7})
+
+    with pytest.raises(HorovodTrainingError) as err:
+        op.execute(context())
+
+    assert err.value.exit_code != 0
+    tail = "\n".join(err.value.log_tail)
+    assert "rank 1: failing on purpose with exit code 7" in tail
+    assert "failing on purpose" in str(err.value)
+
+
+def _job_processes(marker: str) -> list[psutil.Process]:
+    """Every live process whose command line mentions ``marker`` (this test's output URI)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(
+                p.info["cmdline"] or []
+            ):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_on_kill_leaves_no_process_and_no_secret_on_any_command_line(s3_server, task_log):
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    output = f"s3://{bucket}/runs/killed"
+    op = make_op(data, output, trainer_args={"sleep": 120}, kill_grace_s=5)
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            op.execute(context())
+        except BaseException as e:
+            outcome["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    _wait_for(lambda: task_log.text.count("sleeping 120") >= 2, 120, "both ranks to sleep")
+
+    procs = _job_processes(output)
+    assert len(procs) >= 3  # horovodrun + 2 ranks (+ their sh wrappers)
+    secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    key_id = s3_server.env["AWS_ACCESS_KEY_ID"]
+    ranks = [p for p in procs if "tests.programs.allreduce_program" in p.cmdline()[-12:][0:3]
+             or p.cmdline()[:3] == list(PROGRAM)]  # fmt: skip
+    for p in procs:
+        cmdline = Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace")
+        assert secret not in cmdline and key_id not in cmdline, p.cmdline()
+    # The ranks do hold the credentials, in their private environment.
+    assert ranks, [p.cmdline() for p in procs]
+    for p in ranks:
+        assert p.environ().get("AWS_SECRET_ACCESS_KEY") == secret
+
+    op.on_kill()
+    op.on_kill()  # idempotent
+    worker.join(60)
+    assert not worker.is_alive()
+    assert isinstance(outcome.get("error"), HorovodTrainingError)
+    leftovers = _job_processes(output)
+    assert leftovers == [], [p.cmdline() for p in leftovers]
+    assert secret not in task_log.text
+    assert not any(p.pid == os.getpid() for p in procs)
+
+
+def test_timeout_stops_the_job(s3_server):
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    output = f"s3://{bucket}/runs/slow"
+    op = make_op(data, output, trainer_args={"sleep": 120}, timeout=25, kill_grace_s=5)
+
+    with pytest.raises(HorovodTimeoutError) as err:
+        op.execute(context())
+
+    assert err.value.timeout == 25
+    assert _job_processes(output) == []
