@@ -1,0 +1,197 @@
+"""
+### Retrain the MNIST CNN with Horovod, gate it, export it to ONNX and publish it for serving
+
+`stage_dataset` → `train` → `gate` → `export_onnx` → `publish`
+
+1. **stage_dataset** uploads the dataset (default: the vendored real MNIST) to
+   `s3://<bucket>/datasets/mnist/<content-hash>/` with a `manifest.json`. Content-addressed:
+   an unchanged dataset uploads nothing.
+2. **train** runs `horovodrun -np <num_proc> python -m trainer train` through the chosen
+   launcher (local subprocess, Docker container, or Kubeflow MPIJob). Artifacts go to the
+   run-scoped prefix `s3://<bucket>/runs/<dag_id>/<run_id>/`; the returned metrics are the
+   validation accuracy and loss **allreduced over all ranks** on the whole validation set.
+3. **gate** passes only if that accuracy is at least `min_accuracy` and not worse than the
+   published model's by more than `max_regression`. A failing gate skips export and publish
+   and leaves the run's artifacts (and its `gate.json`) for inspection.
+4. **export_onnx** exports the rank-0 checkpoint to one ONNX file and checks onnxruntime
+   against PyTorch (same launcher, so Airflow workers need no torch).
+5. **publish** copies the model, checkpoint, metrics, parity report, training curves and a
+   summary to `s3://<bucket>/models/mnist_cnn/<version>/` with a sha256 `manifest.json`,
+   then updates `latest.json` — last, so readers never see a half-published model. It emits
+   the `latest.json` Asset, which schedules serving-side DAGs.
+
+Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS),
+environment `HVA_BUCKET` (default `horovod-airflow`), `HVA_LAUNCHER` (default launcher for
+the form), `HVA_TRAINER_IMAGE` (image for the docker/kubernetes launchers).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+from operators import HorovodExportOperator, HorovodTrainOperator
+from operators.model_registry import safe_key
+from operators.settings import (
+    AWS_CONN_ID,
+    BUCKET_URI,
+    DEFAULT_LAUNCHER,
+    LATEST_MODEL_ASSET_NAME,
+    LATEST_MODEL_URI,
+    MODEL_NAME,
+    TRAINER_IMAGE,
+)
+
+LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
+
+RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
+
+
+def _s3_client() -> Any:
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    return S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+
+
+@dag(
+    dag_id="mnist_horovod_retrain",
+    doc_md=__doc__,
+    schedule="@weekly",
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    render_template_as_native_obj=True,
+    user_defined_filters={"safe_key": safe_key},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    tags=["horovod", "training", "mnist"],
+    params={
+        "num_proc": Param(2, type="integer", minimum=1, maximum=512,
+                          title="Ranks", description="Horovod ranks (processes); one per GPU."),
+        "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100,
+                        description="Training epochs; empty = the trainer's tuned default."),
+        "batch_size": Param(None, type=["null", "integer"], minimum=1, maximum=8192,
+                            description="Per-rank batch size; empty = the trainer's default."),
+        "lr": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=10,
+                    title="Learning rate",
+                    description="Base learning rate before world-size scaling; empty = default."),
+        "max_train_samples": Param(None, type=["null", "integer"], minimum=1,
+                                   description="Train on a deterministic subset (smoke runs)."),
+        "min_accuracy": Param(0.98, type="number", minimum=0, maximum=1,
+                              description="Gate floor: allreduced validation accuracy (0-1)."),
+        "max_regression": Param(0.005, type="number", minimum=0, maximum=1,
+                                description="Gate: how much worse than the published model "
+                                            "a new one may be (accuracy fraction)."),
+        "launcher": Param(DEFAULT_LAUNCHER, type="string",
+                          enum=["local", "docker", "kubernetes"],
+                          description="Where ranks run: local horovodrun, one GPU container, "
+                                      "or a Kubeflow MPIJob."),
+        "dataset_source": Param("vendored", type="string", minLength=1,
+                                pattern=r"^(vendored|s3://[a-z0-9.\-]{3,63}(/.*)?|/.+)$",
+                                description="'vendored' (the bundled real MNIST), an s3:// "
+                                            "prefix, or an absolute local folder of "
+                                            "MNIST-format IDX files."),
+    },
+)  # fmt: skip
+def mnist_horovod_retrain() -> None:
+    @task
+    def stage_dataset() -> dict[str, Any]:
+        """Upload the dataset, content-addressed, and return its staged URI and hash."""
+        from operators.staging import stage_dataset as stage
+
+        params = get_current_context()["params"]
+        return stage(params["dataset_source"], BUCKET_URI, name="mnist", client=_s3_client())
+
+    staged = stage_dataset()
+
+    train = HorovodTrainOperator(
+        task_id="train",
+        launcher="{{ params.launcher }}",
+        num_proc="{{ params.num_proc }}",
+        data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
+        output=RUN_PREFIX,
+        trainer_args={
+            "epochs": "{{ params.epochs }}",
+            "batch_size": "{{ params.batch_size }}",
+            "lr": "{{ params.lr }}",
+            "max_train_samples": "{{ params.max_train_samples }}",
+        },
+        aws_conn_id=AWS_CONN_ID,
+        image=TRAINER_IMAGE,
+    )
+
+    @task.short_circuit
+    def gate(metrics: dict[str, Any]) -> dict[str, Any] | bool:
+        """Champion/challenger: pass the decision on, or short-circuit export and publish."""
+        import json
+
+        from operators.model_registry import decide_gate, read_champion
+        from trainer import storage
+
+        context = get_current_context()
+        params = context["params"]
+        client = _s3_client()
+        champion = read_champion(BUCKET_URI, MODEL_NAME, client=client)
+        decision = decide_gate(
+            metrics["val_accuracy"],
+            min_accuracy=params["min_accuracy"],
+            champion=champion,
+            max_regression=params["max_regression"],
+        )
+        storage.write_text(
+            storage.join(metrics["output"], "gate.json"),
+            json.dumps(decision.as_dict(), indent=2),
+            client=client,
+        )
+        context["ti"].log.info(
+            "gate %s: challenger %.4f, champion %s, floor %.4f — %s",
+            "PASSED" if decision.passed else "FAILED",
+            decision.challenger_accuracy,
+            "none" if decision.champion_accuracy is None else f"{decision.champion_accuracy:.4f}",
+            decision.min_accuracy,
+            decision.reason,
+        )
+        return decision.as_dict() if decision.passed else False
+
+    decision = gate(train.output)
+
+    export_onnx = HorovodExportOperator(
+        task_id="export_onnx",
+        launcher="{{ params.launcher }}",
+        checkpoint="{{ ti.xcom_pull(task_ids='train')['checkpoint_uri'] }}",
+        output=RUN_PREFIX + "/onnx",
+        data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
+        aws_conn_id=AWS_CONN_ID,
+        image=TRAINER_IMAGE,
+    )
+
+    @task(outlets=[LATEST_MODEL])
+    def publish(
+        staged: dict[str, Any],
+        metrics: dict[str, Any],
+        decision: dict[str, Any],
+        exported: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Copy the gated model to a new version, then point latest.json at it."""
+        from operators.model_registry import publish_model
+
+        context = get_current_context()
+        return publish_model(
+            bucket_uri=BUCKET_URI,
+            model_name=MODEL_NAME,
+            run_output=metrics["output"],
+            onnx_uri=exported["onnx_uri"],
+            parity_uri=exported["parity_uri"],
+            dataset=staged,
+            gate=decision,
+            dag_run_id=context["run_id"],
+            client=_s3_client(),
+        )
+
+    staged >> train
+    decision >> export_onnx
+    publish(staged, train.output, decision, export_onnx.output)
+
+
+mnist_horovod_retrain()

@@ -1,0 +1,54 @@
+"""
+### Serving-side consumer: check and smoke-test the newly published MNIST model
+
+Scheduled on the `mnist_cnn_latest` Asset (the `latest.json` that
+`mnist_horovod_retrain` writes last), not on time. It downloads the model that
+`latest.json` names, checks its sha256 against the version's `manifest.json`, runs
+onnxruntime on a few real MNIST test images and logs the predictions. Needs onnxruntime and
+numpy on the worker — no torch.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.sdk import Asset, dag, task
+
+from operators.settings import (
+    AWS_CONN_ID,
+    BUCKET_URI,
+    LATEST_MODEL_ASSET_NAME,
+    LATEST_MODEL_URI,
+    MODEL_NAME,
+)
+
+LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
+
+
+@dag(
+    dag_id="mnist_serve_latest_model",
+    doc_md=__doc__,
+    schedule=[LATEST_MODEL],
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["serving", "onnx", "mnist"],
+)
+def mnist_serve_latest_model() -> None:
+    @task
+    def smoke_test_latest(sample_count: int = 8) -> dict[str, Any]:
+        """Download latest.json's model, verify its sha256, predict a few test digits."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from operators.serving import smoke_test_published_model
+
+        client = S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+        return smoke_test_published_model(
+            BUCKET_URI, MODEL_NAME, client=client, sample_count=sample_count
+        )
+
+    smoke_test_latest()
+
+
+mnist_serve_latest_model()
