@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from operators.exceptions import HorovodTrainingError
-from operators.job import HorovodJobOperatorBase, is_templated, job_name
+from operators.job import HorovodJobOperatorBase, check_launcher, is_templated, job_name
 from operators.launchers.base import JobSpec
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ class HorovodExportOperator(HorovodJobOperatorBase):
     Supports ``launcher="local"`` and ``"docker"`` (a Kubeflow MPIJob is for many ranks).
     """
 
-    template_fields: Sequence[str] = ("checkpoint", "output_uri", "data", "export_args", "env",
-                                      "image")  # fmt: skip
+    template_fields: Sequence[str] = ("launcher", "checkpoint", "output_uri", "data",
+                                      "export_args", "env", "image")  # fmt: skip
 
     def __init__(
         self,
@@ -49,11 +49,8 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if self.launcher == "kubernetes":
-            raise ValueError(
-                "launcher='kubernetes' is not supported for the export (one process, not an "
-                "MPIJob); use 'local' or 'docker', or KubernetesPodOperator"
-            )
+        if not is_templated(self.launcher):
+            self.check_export_launcher()
         for field, value in (("checkpoint", checkpoint), ("output", output)):
             if not value or not isinstance(value, str):
                 raise ValueError(f"{field} must be a URI (s3://... or a path), got {value!r}")
@@ -70,7 +67,16 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         self.export_args = export_args
         self.require_parity = require_parity
 
+    def check_export_launcher(self) -> None:
+        check_launcher(self.launcher, self.image)
+        if self.launcher == "kubernetes":
+            raise ValueError(
+                "launcher='kubernetes' is not supported for the export (one process, not an "
+                "MPIJob); use 'local' or 'docker', or KubernetesPodOperator"
+            )
+
     def build_spec(self, context: Context) -> JobSpec:
+        self.check_export_launcher()
         argv = [*self.entrypoint, "--checkpoint", self.checkpoint, "--output", self.output_uri]
         if self.data:
             argv += ["--data", self.data]

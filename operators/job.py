@@ -31,6 +31,14 @@ def is_templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+def check_launcher(launcher: Any, image: Any) -> None:
+    """Raise ValueError unless ``launcher`` is known and has the image it needs."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
+    if launcher in ("docker", "kubernetes") and not image:
+        raise ValueError(f"image is required when launcher={launcher!r}")
+
+
 def as_int(value: Any, field: str, *, minimum: int) -> int:
     """Validate an int field that may arrive as a rendered template string."""
     if isinstance(value, bool):
@@ -105,10 +113,8 @@ class HorovodJobOperatorBase(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
-        if launcher in ("docker", "kubernetes") and not image:
-            raise ValueError(f"image is required when launcher={launcher!r}")
+        if not is_templated(launcher):
+            check_launcher(launcher, image)
         if cleanup not in CLEANUP_POLICIES:
             raise ValueError(
                 f"cleanup must be one of {', '.join(CLEANUP_POLICIES)}; got {cleanup!r}"

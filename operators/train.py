@@ -20,7 +20,7 @@ from operators.command import (
     trainer_args_to_argv,
 )
 from operators.exceptions import HorovodTrainingError
-from operators.job import HorovodJobOperatorBase, as_int, is_templated, job_name
+from operators.job import HorovodJobOperatorBase, as_int, check_launcher, is_templated, job_name
 from operators.launchers.base import JobSpec
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     """
 
     template_fields: Sequence[str] = (
+        "launcher",
         "data",
         "output_uri",
         "trainer_args",
@@ -116,6 +117,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
 
     def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         """Validate the rendered fields and build the job (command, env, secrets)."""
+        check_launcher(self.launcher, self.image)
         num_proc = as_int(self.num_proc, "num_proc", minimum=1)
         hosts = parse_hosts(self.hosts, num_proc)
         if self.launcher != "local" and self.hosts is not None:

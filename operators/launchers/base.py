@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass, field
@@ -61,6 +62,26 @@ class LogTail:
 
     def tail(self) -> list[str]:
         return list(self.lines)
+
+
+_FIRST_FAILED = re.compile(r"Process name: (\d+)\s*\nExit code: (\d+)")
+
+
+def describe_failure(name: str, exit_code: int, lines: Sequence[str]) -> str:
+    """``job X exited with code 1: rank 1 failed first (exit code 7): <its last lines>``.
+
+    horovodrun ends a failed run with "The first process to do so was: Process name: R /
+    Exit code: C"; the rank's own last lines say why, so they lead the message.
+    """
+    message = f"job {name!r} exited with code {exit_code}"
+    found = _FIRST_FAILED.search("\n".join(lines))
+    if found:
+        rank = found.group(1)
+        message += f": rank {rank} failed first (exit code {found.group(2)})"
+        own = [ln for ln in lines if ln.startswith(f"[{rank}]<") or ln.startswith(f"[{rank},")]
+        if own:
+            message += "; its last lines:\n  " + "\n  ".join(own[-10:])
+    return message
 
 
 class Launcher(abc.ABC):

@@ -35,7 +35,7 @@ from operators.exceptions import (
     HorovodTimeoutError,
     HorovodTrainingError,
 )
-from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail
+from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
 
 DEFAULT_KILL_GRACE_S = 15.0
 
@@ -227,7 +227,7 @@ class LocalLauncher(Launcher):
             )
         if exit_code != 0:
             raise HorovodTrainingError(
-                f"job {spec.name!r} exited with code {exit_code}",
+                describe_failure(spec.name, exit_code, out.tail()),
                 exit_code=exit_code,
                 log_tail=out.tail(),
             )
