@@ -41,10 +41,10 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench.datasets import prepare_torchvision_root
 from bench.report import (
-    MNIST_DIR,
     machine,
     machine_line,
     md_table,
@@ -53,73 +53,21 @@ from bench.report import (
     write_results,
 )
 
+if TYPE_CHECKING:
+    from torch import nn
+
 PROCESS_START = time.time()
 TARGET_ACCURACY = 0.99
-RAW_NAMES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
-
-
-def prepare_torchvision_root(dest: Path, source: Path = MNIST_DIR) -> Path:
-    """Lay out ``dest/MNIST/raw/`` from the vendored ``.gz`` files, as torchvision expects.
-
-    The vendored files are re-gzipped (their ``.gz`` md5 differs from torchvision's list), so
-    ``download=True`` would try the network; torchvision's ``extract_archive`` decompresses
-    them exactly as its downloader would have.
-    """
-    from torchvision.datasets.utils import extract_archive
-
-    raw = dest / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for name in RAW_NAMES:
-        gz = source / f"{name}.gz"
-        if not gz.is_file():
-            raise FileNotFoundError(f"{gz} is missing; the demo needs the four MNIST .gz files")
-        if not (raw / name).is_file():
-            extract_archive(str(gz), str(raw))
-    return dest
 
 
 # --- what runs in each Horovod rank -------------------------------------------------------
 
 
-def run_rank(args: argparse.Namespace) -> None:
-    import horovod.torch as hvd
+def demo_net() -> nn.Module:
+    """The demo's ``Net``, exactly: its forward ends in ``log_softmax`` (and it is trained with
+    ``CrossEntropyLoss`` on top of that, as the demo does)."""
     import torch
-    import torch.nn as nn
-    import torch.optim as optim
-    from torch.utils.data import DataLoader, Subset
-    from torch.utils.data.distributed import DistributedSampler
-    from torchvision import datasets, transforms
-
-    # The demo's model applies Dropout2d to a 2-D activation; torch warns on every call.
-    warnings.filterwarnings("ignore", message=".*dropout2d.*", category=UserWarning)
-
-    hvd.init()  # distributed
-    torch.manual_seed(42)
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(hvd.local_rank())  # distributed: one GPU per rank
-    is_primary = hvd.rank() == 0
-
-    transform = transforms.Compose(
-        [transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))]
-    )
-    train_dataset: Any = datasets.MNIST(args.root, train=True, download=False, transform=transform)
-    val_dataset: Any = datasets.MNIST(args.root, train=False, transform=transform)
-    if args.train_samples:
-        train_dataset = Subset(train_dataset, range(args.train_samples))
-    if args.val_samples:
-        val_dataset = Subset(val_dataset, range(args.val_samples))
-    train_sampler = DistributedSampler(  # distributed: each rank its shard
-        train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
-    )
-    val_sampler = DistributedSampler(val_dataset, num_replicas=hvd.size(), rank=hvd.rank())
-    train_loader = DataLoader(train_dataset, batch_size=64, sampler=train_sampler)
-    val_loader = DataLoader(val_dataset, batch_size=1000, sampler=val_sampler)
+    from torch import nn
 
     class Net(nn.Module):
         def __init__(self) -> None:
@@ -142,7 +90,54 @@ def run_rank(args: argparse.Namespace) -> None:
             x = self.fc2(x)
             return nn.functional.log_softmax(x, dim=1)
 
-    model = Net()
+    return Net()
+
+
+def demo_transform() -> Any:
+    """The demo's per-sample transform: PIL image → ``ToTensor`` → ``Normalize``."""
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+
+
+def quiet_dropout2d_warning() -> None:
+    """The demo applies Dropout2d to a 2-D activation; torch warns on every call."""
+    warnings.filterwarnings("ignore", message=".*dropout2d.*", category=UserWarning)
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    import horovod.torch as hvd
+    import torch
+    import torch.nn as nn
+    import torch.optim as optim
+    from torch.utils.data import DataLoader, Subset
+    from torch.utils.data.distributed import DistributedSampler
+    from torchvision import datasets
+
+    quiet_dropout2d_warning()
+
+    hvd.init()  # distributed
+    torch.manual_seed(42)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(hvd.local_rank())  # distributed: one GPU per rank
+    is_primary = hvd.rank() == 0
+
+    transform = demo_transform()
+    train_dataset: Any = datasets.MNIST(args.root, train=True, download=False, transform=transform)
+    val_dataset: Any = datasets.MNIST(args.root, train=False, transform=transform)
+    if args.train_samples:
+        train_dataset = Subset(train_dataset, range(args.train_samples))
+    if args.val_samples:
+        val_dataset = Subset(val_dataset, range(args.val_samples))
+    train_sampler = DistributedSampler(  # distributed: each rank its shard
+        train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
+    val_sampler = DistributedSampler(val_dataset, num_replicas=hvd.size(), rank=hvd.rank())
+    train_loader = DataLoader(train_dataset, batch_size=64, sampler=train_sampler)
+    val_loader = DataLoader(val_dataset, batch_size=1000, sampler=val_sampler)
+
+    model = demo_net()
     if cuda:
         model.cuda()
     optimizer: Any = optim.Adam(model.parameters(), lr=0.001 * hvd.size())  # distributed: lr×N
@@ -270,9 +265,10 @@ def run_demo(
     args += ["--epochs", str(epochs)]
     args += ["--train-samples", str(train_samples), "--val-samples", str(val_samples)]
     launched = time.time()
-    wall = run_horovod(np, args, log=workdir / "demo.log", timeout=timeout, env=rank_env())
+    run = run_horovod(np, args, log=workdir / "demo.log", timeout=timeout, env=rank_env())
     result: dict[str, Any] = json.loads(result_file.read_text())
-    result["wall_seconds"] = round(wall, 1)
+    result["launched"] = launched
+    result["wall_seconds"] = round(run.wall_seconds, 1)
     result["startup_seconds"] = round(result["loop_start"] - launched, 1)
     result["time_to_target"] = time_to_target(result["epochs"], launched)
     result["log"] = str(workdir / "demo.log")

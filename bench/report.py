@@ -6,14 +6,18 @@ Runs in the benchmark driver process (not in a Horovod rank); imports torch lazi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,23 +130,92 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_horovod(
-    np: int, module_args: Sequence[str], *, log: Path, timeout: float, env: dict[str, str] | None
-) -> float:
-    """Run ``horovodrun -np N -H localhost:N python -m <module_args>``; return its wall seconds.
+@dataclass
+class HorovodRun:
+    """A finished ``horovodrun``: wall seconds and each output line with its arrival time."""
 
-    The combined output goes to ``log``; on failure, raise with the log's tail.
+    wall_seconds: float
+    lines: list[tuple[float, str]]  # (seconds after launch, line), in arrival order
+    log: Path
+
+
+def run_horovod(
+    np: int,
+    module_args: Sequence[str],
+    *,
+    log: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> HorovodRun:
+    """Run ``horovodrun -np N -H localhost:N python -m <module_args>`` and time it.
+
+    Each output line is stamped with its arrival time (seconds after launch), so a benchmark
+    can tell when a rank printed, e.g., the end of an epoch. The combined output also goes to
+    ``log``; on a non-zero exit or a timeout, raise with the log's tail.
     """
+    if np < 1:
+        raise ValueError(f"np (Horovod ranks) must be >= 1, got {np}")
     cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m"]
     cmd += list(module_args)
     log.parent.mkdir(parents=True, exist_ok=True)
+    lines: list[tuple[float, str]] = []
     start = time.perf_counter()
     with log.open("w") as f:
-        proc = subprocess.run(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env=env or rank_env(), timeout=timeout
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env or rank_env(),
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
         )
+        timer = threading.Timer(timeout, _kill_group, args=(proc,))
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append((time.perf_counter() - start, line.rstrip("\n")))
+                f.write(line)
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                _kill_group(proc)
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; log tail:\n{tail}")
-    return wall
+    if rc != 0:
+        tail = "\n".join(line for _, line in lines[-40:])
+        why = f"timed out after {timeout:.0f}s" if wall >= timeout else f"exited {rc}"
+        raise RuntimeError(f"{' '.join(cmd)} {why}; log tail ({log}):\n{tail}")
+    return HorovodRun(wall_seconds=wall, lines=lines, log=log)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Stop horovodrun and the ranks it started (they share its process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def json_events(run: HorovodRun, event: str | None = None) -> list[tuple[float, dict[str, Any]]]:
+    """The JSON objects printed (by any rank) as whole lines, with their arrival times.
+
+    horovodrun prefixes each rank's line with ``[rank]<stdout>:``; that prefix is skipped.
+    """
+    found = []
+    for t, line in run.lines:
+        brace = line.find("{")
+        if brace < 0:
+            continue
+        try:
+            obj = json.loads(line[brace:])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and (event is None or obj.get("event") == event):
+            found.append((t, obj))
+    return found

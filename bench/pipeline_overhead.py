@@ -1,0 +1,181 @@
+"""The price of orchestration: the whole retraining DAG against the work its programs do.
+
+Runs the README's pipeline command (``scripts/run_pipeline.py``: embedded S3 server, SQLite
+Airflow, local launcher, 2 CPU ranks, the vendored MNIST, ``dag.test()``) in a fresh work
+folder, then reads back
+
+- each task instance's duration from that run's Airflow metadata DB,
+- the trainer's own training time (``train_seconds`` of the published ``metrics.json``),
+- the export's own time: ``export_seconds`` of ``parity.json`` when the exporter records it,
+  else the wall time of the same ``python -m trainer export`` run again outside Airflow on
+  the published checkpoint (process start and imports included: an upper bound),
+
+and reports DAG wall time minus the training and export time: what staging, gating,
+publishing, Airflow task start-up and ``horovodrun`` launches add. Run from the repo root::
+
+    python -m bench.pipeline_overhead                   # trainer defaults, full MNIST
+    python -m bench.pipeline_overhead --quick           # 1 epoch on 2,048 samples
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.report import REPO, machine, machine_line, md_table, rank_env, write_results
+
+PIPELINE = REPO / "scripts" / "run_pipeline.py"
+DAG_ID = "mnist_horovod_retrain"
+ENDED_LINE = re.compile(r"DAG run (\S+) ended (\w+) in (\d+)s")
+
+
+def _seconds(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def task_durations(airflow_db: Path) -> tuple[list[dict[str, Any]], float | None]:
+    """Each task instance of the (only) DAG run, in start order, and the run's own duration."""
+    with sqlite3.connect(airflow_db) as db:
+        rows = db.execute(
+            "SELECT task_id, state, start_date, end_date, try_number FROM task_instance "
+            "WHERE dag_id = ? ORDER BY start_date",
+            (DAG_ID,),
+        ).fetchall()
+        run = db.execute(
+            "SELECT start_date, end_date FROM dag_run WHERE dag_id = ? ORDER BY start_date DESC",
+            (DAG_ID,),
+        ).fetchone()
+    tasks = [
+        {"task_id": t, "state": s, "seconds": _seconds(a, b), "try_number": n}
+        for t, s, a, b, n in rows
+    ]
+    return tasks, (_seconds(*run) if run else None)
+
+
+def export_seconds(published: Path, workdir: Path) -> tuple[float, str]:
+    """The exporter's own time: recorded in parity.json, else a standalone re-run's wall."""
+    parity = json.loads((published / "parity.json").read_text())
+    for key in ("export_seconds", "seconds"):
+        if isinstance(parity.get(key), int | float):
+            return float(parity[key]), f"parity.json {key}"
+    cmd = [sys.executable, "-m", "trainer", "export", "--checkpoint"]
+    cmd += [str(published / "checkpoint.pt"), "--output", str(workdir / "export-rerun")]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return wall, "standalone re-run of trainer export (process wall, an upper bound)"
+
+
+def run_pipeline(out: Path, extra: list[str], timeout: float) -> dict[str, Any]:
+    if not PIPELINE.is_file():
+        raise FileNotFoundError(f"{PIPELINE} is missing: the pipeline runner has not landed")
+    cmd = [sys.executable, str(PIPELINE), "--out", str(out), *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        cmd, env=rank_env(), capture_output=True, text=True, timeout=timeout, errors="replace"
+    )
+    wall = time.perf_counter() - start
+    (out / "run_pipeline.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {proc.returncode}; see {out / 'run_pipeline.log'}:\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+    match = ENDED_LINE.search(proc.stdout)
+    return {
+        "command": " ".join(cmd),
+        "process_wall_seconds": round(wall, 1),
+        "dag_test_seconds_printed": float(match.group(3)) if match else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 epoch on 2,048 train samples")
+    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the pipeline")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+
+    m = machine()
+    extra = ["--epochs", "1", "--max-train-samples", "2048"] if args.quick else []
+    with tempfile.TemporaryDirectory(prefix="hva-pipeline-") as tmp:
+        out = (args.workdir or Path(tmp)) / "pipeline"
+        out.mkdir(parents=True, exist_ok=True)
+        pipeline = run_pipeline(out, extra, args.timeout)
+        tasks, dag_seconds = task_durations(out / "airflow" / "airflow.db")
+        versions = [p for p in (out / "published").iterdir() if p.is_dir()]
+        if not versions:
+            raise RuntimeError(f"the pipeline published nothing under {out / 'published'}")
+        published = versions[0]
+        metrics = json.loads((published / "metrics.json").read_text())
+        export_s, export_source = export_seconds(published, Path(out))
+
+    dag_wall = dag_seconds or pipeline["dag_test_seconds_printed"]
+    if dag_wall is None:
+        raise RuntimeError("found neither the DAG run's times in Airflow's DB nor its log line")
+    train_s = float(metrics["train_seconds"])
+    overhead = dag_wall - train_s - export_s
+    rows: list[list[Any]] = [
+        [
+            "`run_pipeline.py` process (Airflow DB migrate, S3 server, DAG)",
+            pipeline["process_wall_seconds"],
+        ],
+        ["DAG run (`dag.test()`, its start → end in Airflow's DB)", round(dag_wall, 1)],
+    ]
+    rows += [
+        [f"— task `{t['task_id']}` ({t['state']})", round(t["seconds"], 1) if t["seconds"] else "—"]
+        for t in tasks
+    ]
+    rows += [
+        ["trainer's own training (`metrics.json` train_seconds)", round(train_s, 1)],
+        [f"export + parity check ({export_source})", round(export_s, 1)],
+        ["**orchestration = DAG run − training − export**", f"**{overhead:.1f}**"],
+        ["orchestration share of the DAG run", f"{100 * overhead / dag_wall:.0f} %"],
+    ]
+    title = "### Orchestration overhead of the full DAG (embedded defaults)"
+    if args.quick:
+        title += " (quick: 1 epoch, 2,048 samples)"
+    notes = (
+        f"{metrics['world_size']} ranks, {metrics['epochs']} epoch(s), val accuracy "
+        f"{100 * metrics['val_accuracy']:.2f} %. Orchestration includes Airflow task start-up, "
+        "dataset staging to S3, each rank's fetch of it, `horovodrun` launches and Python/torch "
+        "imports in the ranks, the gate, and publishing."
+    )
+    markdown = "\n".join(
+        [title, "", md_table(["what", "seconds"], rows), "", notes, "", machine_line(m)]
+    )
+    data = {
+        "machine": m,
+        "quick": args.quick,
+        "pipeline": pipeline,
+        "tasks": tasks,
+        "dag_run_seconds": dag_wall,
+        "train_seconds": train_s,
+        "export_seconds": export_s,
+        "export_seconds_source": export_source,
+        "orchestration_seconds": overhead,
+        "metrics": {k: metrics[k] for k in ("val_accuracy", "epochs", "world_size")},
+    }
+    name = "pipeline_overhead_quick" if args.quick else "pipeline_overhead"
+    write_results(name, markdown, data, args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Time to 99 % validation accuracy with 2 Horovod ranks: our trainer against the demo recipe.
+
+Both run in this one invocation, one after the other, on the full vendored MNIST (60,000
+train / 10,000 test) with ``horovodrun -np 2``:
+
+- **ours**: ``python -m trainer train`` with its defaults, on a staged dataset folder;
+- **demo**: the original recipe (``bench.demo_baseline``: per-sample transforms, batch 64,
+  Adam lr 0.001 × 2, torch default threads, 3 epochs), with allreduced accuracy.
+
+Time to target = seconds from launching ``horovodrun`` to the end of the validation of the
+first epoch whose allreduced accuracy on all 10,000 test images is ≥ 99.0 % (startup, data
+loading and all earlier epochs included; for ours, the arrival of rank 0's epoch line).
+Run from the repository root (takes ~12 minutes on 2 cores, most of it the demo)::
+
+    python -m bench.time_to_accuracy
+    python -m bench.time_to_accuracy --quick        # tiny subsets, 1 epoch (the smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.datasets import stage_local_dataset
+from bench.demo_baseline import TARGET_ACCURACY, run_demo
+from bench.report import (
+    load_average,
+    machine,
+    machine_line,
+    md_table,
+    rank_env,
+    run_horovod,
+    write_results,
+)
+
+TARGET_SPEEDUP = 10.0
+# Rank 0's per-epoch log line of trainer.train.run, e.g.
+#   [1,0]<stderr>:[trainer] epoch 1/2: train_loss 0.2 val_loss 0.05 val_accuracy 0.9843 ...
+EPOCH_LINE = re.compile(r"\[trainer\] epoch (\d+)/\d+: .*?val_accuracy ([0-9.]+)")
+
+
+def run_ours(
+    workdir: Path, *, np: int = 2, extra_args: list[str] | None = None, timeout: float = 3600
+) -> dict[str, Any]:
+    """Run our trainer with its defaults under ``horovodrun -np N``; time each epoch's end."""
+    staged = stage_local_dataset(workdir / "staged")
+    output = workdir / "ours-output"
+    args = ["trainer", "train", "--data", str(staged), "--output", str(output)]
+    args += extra_args or []
+    env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache")})
+    run = run_horovod(np, args, log=workdir / "ours.log", timeout=timeout, env=env)
+    metrics = json.loads((output / "metrics.json").read_text())
+    ended = {}
+    for t, line in run.lines:
+        match = EPOCH_LINE.search(line)
+        if match:
+            ended[int(match.group(1))] = (t, float(match.group(2)))
+    epochs = []
+    for h in metrics["history"]:
+        seen = ended.get(h["epoch"])
+        if seen and abs(seen[1] - h["val_accuracy"]) > 1e-4:
+            raise RuntimeError(
+                f"epoch {h['epoch']}: log says val_accuracy {seen[1]}, metrics.json says "
+                f"{h['val_accuracy']}; the log line format of trainer.train changed"
+            )
+        epochs.append(
+            {
+                "epoch": h["epoch"],
+                "epoch_seconds": round(h["epoch_seconds"], 2),
+                "val_accuracy": h["val_accuracy"],
+                "val_loss": h["val_loss"],
+                "train_samples_per_sec": round(h["samples_per_sec"], 1),
+                "ended_after": round(seen[0], 1) if seen else None,
+            }
+        )
+    if any(e["ended_after"] is None for e in epochs):
+        raise RuntimeError(
+            f"could not find rank 0's per-epoch lines ({EPOCH_LINE.pattern}) in {run.log}; "
+            "the log line format of trainer.train changed"
+        )
+    return {
+        "world_size": metrics["world_size"],
+        "wall_seconds": round(run.wall_seconds, 1),
+        "train_seconds": round(metrics["train_seconds"], 1),
+        "epochs": epochs,
+        "val_accuracy": metrics["val_accuracy"],
+        "config": metrics["config"],
+        "runtime": metrics.get("runtime", {}),
+        "time_to_target": first_at_target(epochs, "ended_after"),
+        "log": str(run.log),
+    }
+
+
+def first_at_target(epochs: list[dict[str, Any]], time_key: str) -> dict[str, Any] | None:
+    for e in epochs:
+        if e["val_accuracy"] >= TARGET_ACCURACY:
+            return {"epoch": e["epoch"], "seconds": e[time_key]}
+    return None
+
+
+def summary(ours: dict[str, Any], demo: dict[str, Any]) -> tuple[list[list[Any]], float | None]:
+    rows = []
+    for label, r in (("ours (trainer defaults)", ours), ("demo recipe", demo)):
+        ttt = r["time_to_target"]
+        rows.append(
+            [
+                label,
+                len(r["epochs"]),
+                ", ".join(f"{100 * e['val_accuracy']:.2f}" for e in r["epochs"]),
+                ttt["epoch"] if ttt else "not reached",
+                f"{ttt['seconds']:.1f}" if ttt else "—",
+                f"{r['wall_seconds']:.1f}",
+                f"{max(e['train_samples_per_sec'] for e in r['epochs']):,.0f}",
+            ]
+        )
+    speedup = None
+    if ours["time_to_target"] and demo["time_to_target"]:
+        speedup = demo["time_to_target"]["seconds"] / ours["time_to_target"]["seconds"]
+    return rows, speedup
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--np", type=int, default=2, help="Horovod ranks for both (default 2)")
+    parser.add_argument("--demo-epochs", type=int, default=3, help="the demo's 3 by default")
+    parser.add_argument("--quick", action="store_true", help="tiny subsets, 1 epoch each")
+    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+    args = parser.parse_args(argv)
+    if args.np < 1 or args.demo_epochs < 1:
+        parser.error(f"--np and --demo-epochs must be >= 1, got {args.np}, {args.demo_epochs}")
+
+    m = machine()
+    with tempfile.TemporaryDirectory(prefix="hva-tta-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        ours_args = []
+        demo_kwargs: dict[str, Any] = {"epochs": args.demo_epochs}
+        if args.quick:
+            ours_args = ["--epochs", "1", "--max-train-samples", "1024"]
+            ours_args += ["--max-val-samples", "256"]
+            demo_kwargs = {"epochs": 1, "train_samples": 512, "val_samples": 256}
+        ours = run_ours(workdir / "ours", np=args.np, extra_args=ours_args)
+        load_between = load_average()
+        demo = run_demo(workdir / "demo", np=args.np, **demo_kwargs)
+    demo_view = {
+        "epochs": [
+            {**e, "ended_after": round(e["ended_at"] - demo["launched"], 1)} for e in demo["epochs"]
+        ],
+        "wall_seconds": demo["wall_seconds"],
+        "time_to_target": demo["time_to_target"],
+    }
+    rows, speedup = summary(ours, demo_view)
+    headers = [
+        "recipe",
+        "epochs run",
+        "val accuracy per epoch (%)",
+        f"reached {100 * TARGET_ACCURACY:.1f} % in epoch",
+        "time to target (s, from launch)",
+        "wall time (s)",
+        "best train samples/s",
+    ]
+    if speedup is None:
+        verdict = "Speed-up: not computable (a recipe did not reach the target)."
+    else:
+        met = "met" if speedup >= TARGET_SPEEDUP else "MISSED"
+        verdict = (
+            f"Speed-up to {100 * TARGET_ACCURACY:.1f} %: **{speedup:.1f}×** "
+            f"(target ≥ {TARGET_SPEEDUP:.0f}×: {met})."
+        )
+    runtime = ours["runtime"]
+    config = ours["config"]
+    notes = (
+        f"{args.np} ranks each. Ours: batch {config['batch_size']}/rank, {config['optimizer']} "
+        f"lr {config['lr']} × {args.np} ({config['lr_schedule']}), {config['epochs']} epochs, "
+        f"{runtime.get('threads_per_rank')} thread(s)/rank, {runtime.get('precision')}. "
+        f"Demo: batch 64/rank, Adam lr 0.001 × {args.np}, {demo['threads_per_rank']} "
+        f"threads/rank (torch default). Load average before the demo: "
+        f"{' / '.join(f'{x:.2f}' for x in load_between)}."
+    )
+    title = f"### Time to {100 * TARGET_ACCURACY:.1f} % validation accuracy, {args.np} ranks"
+    if args.quick:
+        title += " (quick: subsets, 1 epoch — not a measurement)"
+    markdown = "\n".join(
+        [title, "", md_table(headers, rows), "", verdict, "", notes, "", machine_line(m)]
+    )
+    name = "time_to_accuracy_quick" if args.quick else "time_to_accuracy"
+    data = {
+        "machine": m,
+        "quick": args.quick,
+        "target_accuracy": TARGET_ACCURACY,
+        "speedup": speedup,
+        "ours": ours,
+        "demo": {**demo, "epochs": demo_view["epochs"]},
+        "load_average_before_demo": load_between,
+    }
+    write_results(name, markdown, data, args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""Training throughput, the demo's recipe against our trainer, with 1 and 2 Horovod ranks.
+
+One ``horovodrun`` per rank count; each rank, in the same process, on the same data and
+model, times a fixed number of steps after warm-up (median of several repeats; samples/s
+over all ranks, each repeat timed by its slowest rank):
+
+- the demo's input pipeline alone: torchvision ``MNIST`` + ``DataLoader`` (batch 64,
+  ``DistributedSampler``) decoding a PIL image and running ``ToTensor``/``Normalize`` per
+  sample, torch's default threads per rank;
+- our trainer's data path alone: the normalized in-memory tensors of ``trainer.data.load_split``
+  sliced with the trainer's per-epoch shard (``trainer.train.epoch_indices``), batch 64 (for
+  the like-for-like ratio) and the trainer's default batch;
+- whole training steps: the demo's (its data + ``Net`` + Adam + ``DistributedOptimizer``, default
+  threads, and again at our thread policy to separate the two effects) and ours
+  (``trainer.train.train_one_epoch`` on exactly N steps, trainer defaults);
+- model-only compute on one in-memory batch: fp32 against bf16 autocast + channels_last.
+
+Run from the repository root::
+
+    python -m bench.train_throughput            # 1 and 2 ranks, ~5 minutes on 2 cores
+    python -m bench.train_throughput --quick    # seconds per rank count (the smoke test)
+
+Scaling efficiency = throughput(2 ranks) / (2 × throughput(1 rank)). Our trainer gives each
+rank cores ÷ local ranks threads, so its 1- and 2-rank runs use the same total CPU threads;
+on a 2-core machine that caps the efficiency near 50 % (no more cores come with the second
+rank) — it says how much the second rank *costs*, not what a second machine would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.datasets import prepare_torchvision_root, stage_local_dataset
+from bench.report import machine, machine_line, md_table, rank_env, run_horovod, write_results
+
+DEMO_BATCH = 64
+DEFAULT_THREADS = "torch default threads"  # the demo's: one per core in every rank
+OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (trainer.train.setup_runtime)
+
+
+# --- what runs in each Horovod rank -------------------------------------------------------
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    import horovod.torch as hvd
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+    from torchvision import datasets
+
+    from bench.demo_baseline import demo_net, demo_transform, quiet_dropout2d_warning
+    from trainer import data, train
+    from trainer.config import TrainConfig, lr_at
+    from trainer.model import build_model
+
+    quiet_dropout2d_warning()
+    default_threads = torch.get_num_threads()  # the demo's: read before the trainer sets its own
+    config = TrainConfig(
+        data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0
+    )
+    rt, device = train.setup_runtime(config)  # hvd.init() and the trainer's thread policy
+    our_threads = torch.get_num_threads()
+    cuda = device.type == "cuda"
+    dataset = train.stage_dataset(config, rt)
+    x, y = data.load_split(dataset, "train")
+    x, y = x.to(device), y.to(device)
+    results: list[dict[str, Any]] = []
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def measure(name: str, batch: int, policy: str, step: Callable[[], None], **extra: Any) -> None:
+        """Time ``step`` (one batch per rank): warm-up, then ``repeats`` timed runs of N steps.
+
+        N is sized from the warm-up so that one repeat lasts about ``--seconds`` (between 2
+        and ``--steps`` steps): slow configurations stay affordable, fast ones are not noise.
+        """
+        threads = default_threads if policy == DEFAULT_THREADS else our_threads
+        if not cuda:
+            torch.set_num_threads(threads)
+        hvd.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):
+            step()
+        sync()
+        per_step = (time.perf_counter() - t0) / max(1, args.warmup)
+        per_step = float(hvd.allreduce(torch.tensor([per_step]), op=hvd.Max, name="bench.cal"))
+        steps = int(min(args.steps, max(2, args.seconds / max(per_step, 1e-6))))
+        rates = []
+        for _ in range(args.repeats):
+            hvd.barrier()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            sync()
+            elapsed = torch.tensor([time.perf_counter() - t0])
+            slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed"))
+            rates.append(rt.size * batch * steps / slowest)
+        results.append(
+            {
+                "name": name,
+                "batch_per_rank": batch,
+                "threads_per_rank": threads,
+                "threads": policy,
+                "steps": steps,
+                "samples_per_sec": rates,
+                "median": statistics.median(rates),
+                **extra,
+            }
+        )
+        if rt.is_primary:
+            print(json.dumps({"event": "bench", **results[-1]}), flush=True)
+
+    # The demo's input pipeline: PIL decode + ToTensor + Normalize per sample, batch 64.
+    demo_train = datasets.MNIST(args.root, train=True, download=False, transform=demo_transform())
+    sampler = DistributedSampler(demo_train, num_replicas=rt.size, rank=rt.rank)  # Horovod
+    loader = DataLoader(demo_train, batch_size=DEMO_BATCH, sampler=sampler)
+
+    def demo_batches() -> Any:
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            for xb, yb in loader:
+                yield (xb.cuda(), yb.cuda()) if cuda else (xb, yb)
+            epoch += 1
+
+    demo_stream = demo_batches()
+
+    def demo_data_step() -> None:
+        next(demo_stream)
+
+    measure("demo input pipeline", DEMO_BATCH, DEFAULT_THREADS, demo_data_step)
+
+    # Our data path: slices of the in-memory normalized tensors (what train_one_epoch does).
+    memory_format = torch.channels_last if rt.channels_last else torch.contiguous_format
+    shard = train.epoch_indices(x.shape[0], rt, config.seed, 0).to(device)
+
+    def our_data_step_of(batch: int) -> Callable[[], None]:
+        position = [0]
+
+        def step() -> None:
+            start = position[0] if position[0] + batch <= shard.numel() else 0
+            b = shard[start : start + batch]
+            position[0] = start + batch
+            x.index_select(0, b).contiguous(memory_format=memory_format)
+            y.index_select(0, b)
+
+        return step
+
+    measure("our data path", DEMO_BATCH, OUR_THREADS, our_data_step_of(DEMO_BATCH))
+    if config.batch_size != DEMO_BATCH:
+        measure(
+            "our data path", config.batch_size, OUR_THREADS, our_data_step_of(config.batch_size)
+        )
+
+    # The demo's training step: its data, Net, Adam(lr 0.001 x size), DistributedOptimizer.
+    torch.manual_seed(42)
+    demo_model = demo_net().to(device)
+    demo_optimizer = hvd.DistributedOptimizer(  # Horovod: averaged gradients
+        torch.optim.Adam(demo_model.parameters(), lr=0.001 * rt.size),
+        named_parameters=[(f"demo.{n}", p) for n, p in demo_model.named_parameters()],
+        op=hvd.Average,
+    )
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def demo_train_step() -> None:
+        demo_model.train()
+        xb, yb = next(demo_stream)
+        demo_optimizer.zero_grad()
+        loss = criterion(demo_model(xb), yb)
+        loss.backward()
+        demo_optimizer.step()
+
+    measure("demo training step", DEMO_BATCH, DEFAULT_THREADS, demo_train_step)
+    if not cuda and our_threads != default_threads:
+        measure("demo training step", DEMO_BATCH, OUR_THREADS, demo_train_step)
+
+    # Our training step: trainer.train.train_one_epoch over exactly `steps` batches per rank.
+    torch.manual_seed(config.seed)
+    model = build_model(config.model).to(device)
+    if rt.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    world_factor = train.lr_world_factor(config, device)
+    optimizer = hvd.DistributedOptimizer(  # Horovod: as trainer.train.run wraps it
+        train.build_optimizer(config, model, lr_at(config, world_factor, 0, 1)),
+        named_parameters=model.named_parameters(),
+        op=hvd.Average,
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod
+    chunk = config.batch_size * rt.size  # one step of every rank
+    x_step, y_step = x[:chunk], y[:chunk]
+
+    def our_train_step() -> None:
+        train.train_one_epoch(model, optimizer, x_step, y_step, 1, config, rt, world_factor)
+
+    measure(
+        "our training step",
+        config.batch_size,
+        OUR_THREADS,
+        our_train_step,
+        precision=rt.precision,
+        channels_last=rt.channels_last,
+    )
+
+    # Model-only compute: one in-memory batch, forward + backward + Adam, no data, no allreduce.
+    for label, bf16, channels_last in (
+        ("model only, fp32", False, False),
+        ("model only, bf16 autocast + channels_last", True, True),
+    ):
+        torch.manual_seed(config.seed)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        net = build_model(config.model).to(device).to(memory_format=fmt)
+        adam = torch.optim.Adam(net.parameters(), lr=1e-3)
+        xb = x[: config.batch_size].contiguous(memory_format=fmt)
+        yb = y[: config.batch_size]
+
+        def model_step(
+            net: torch.nn.Module = net,
+            adam: torch.optim.Optimizer = adam,
+            xb: torch.Tensor = xb,
+            yb: torch.Tensor = yb,
+            bf16: bool = bf16,
+        ) -> None:
+            adam.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = net(xb)
+            F.cross_entropy(logits.float(), yb).backward()
+            adam.step()
+
+        measure(label, config.batch_size, OUR_THREADS, model_step)
+
+    if rt.is_primary:
+        summary = {
+            "world_size": rt.size,
+            "device": rt.device,
+            "default_threads": default_threads,
+            "our_threads": our_threads,
+            "our_precision": rt.precision,
+            "our_channels_last": rt.channels_last,
+            "results": results,
+        }
+        Path(args.result).write_text(json.dumps(summary, indent=2))
+
+
+# --- the driver ---------------------------------------------------------------------------
+
+
+def rank_counts() -> list[int]:
+    import torch
+
+    if torch.cuda.is_available():
+        return [n for n in (1, 2) if n <= torch.cuda.device_count()]
+    return [1, 2]
+
+
+def run_throughput(
+    workdir: Path, *, np: int, steps: int, warmup: int, repeats: int, seconds: float
+) -> dict[str, Any]:
+    root = prepare_torchvision_root(workdir / "torchvision-root")
+    staged = stage_local_dataset(workdir / "staged")
+    result_file = workdir / f"throughput-np{np}.json"
+    result_file.unlink(missing_ok=True)
+    args = ["bench.train_throughput", "rank", "--root", str(root), "--data", str(staged)]
+    args += ["--output", str(workdir / "unused-output"), "--cache-dir", str(workdir / "cache")]
+    args += ["--steps", str(steps), "--warmup", str(warmup), "--repeats", str(repeats)]
+    args += ["--seconds", str(seconds), "--result", str(result_file)]
+    run = run_horovod(
+        np, args, log=workdir / f"throughput-np{np}.log", timeout=3600, env=rank_env()
+    )
+    summary: dict[str, Any] = json.loads(result_file.read_text())
+    summary["wall_seconds"] = round(run.wall_seconds, 1)
+    return summary
+
+
+def _key(r: dict[str, Any]) -> tuple[str, int, int]:
+    return (r["name"], r["batch_per_rank"], r["threads_per_rank"])
+
+
+def tables(runs: dict[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The per-configuration table (1 vs 2 ranks) and the ratios that explain it."""
+    one, two = runs.get(1), runs.get(2)
+    rows = []
+    derived: dict[str, Any] = {}
+    if one and two:
+        # Pair each 2-rank configuration with its 1-rank run: same name, batch and thread
+        # policy (at 1 rank the demo's default threads and ours coincide: measured once).
+        pairs = []
+        for r2 in two["results"]:
+            same = [
+                r1
+                for r1 in one["results"]
+                if (r1["name"], r1["batch_per_rank"]) == (r2["name"], r2["batch_per_rank"])
+            ]
+            exact = [r1 for r1 in same if r1["threads"] == r2["threads"]]
+            if exact or same:
+                pairs.append(((exact or same)[0], r2))
+        for r1, r2 in pairs:
+            eff = r2["median"] / (2 * r1["median"])
+            rows.append(
+                [
+                    f"{r2['name']} ({r2['threads']})",
+                    r2["batch_per_rank"],
+                    f"{r1['threads_per_rank']} → {r2['threads_per_rank']}",
+                    _spread(r1),
+                    _spread(r2),
+                    f"{100 * eff:.0f} %",
+                ]
+            )
+        headers = [
+            "configuration",
+            "batch/rank",
+            "threads/rank (1 → 2 ranks)",
+            "1 rank samples/s",
+            "2 ranks samples/s",
+            "scaling efficiency",
+        ]
+    else:
+        only = one or two
+        assert only is not None
+        rows = [
+            [
+                f"{r['name']} ({r['threads']})",
+                r["batch_per_rank"],
+                r["threads_per_rank"],
+                _spread(r),
+            ]
+            for r in only["results"]
+        ]
+        headers = [
+            "configuration",
+            "batch/rank",
+            "threads/rank",
+            f"{only['world_size']} rank(s) samples/s",
+        ]
+    table = md_table(headers, rows)
+
+    ref = two or one
+    assert ref is not None
+    by = {}
+    for r in ref["results"]:
+        by.setdefault(r["name"], r)  # the first (default-thread) entry of each name
+    ours_b64 = next(
+        r for r in ref["results"] if r["name"] == "our data path" and r["batch_per_rank"] == 64
+    )
+    ratio_rows = [
+        [
+            "our data path / demo input pipeline (batch 64)",
+            ours_b64["median"] / by["demo input pipeline"]["median"],
+        ],
+        [
+            "our training step / demo training step",
+            by["our training step"]["median"] / by["demo training step"]["median"],
+        ],
+        [
+            "bf16 autocast + channels_last / fp32 (model only)",
+            by["model only, bf16 autocast + channels_last"]["median"]
+            / by["model only, fp32"]["median"],
+        ],
+        [
+            "our training step / model-only fp32 (share of pure compute reached)",
+            by["our training step"]["median"] / by["model only, fp32"]["median"],
+        ],
+        [
+            "demo training step / demo input pipeline alone",
+            by["demo training step"]["median"] / by["demo input pipeline"]["median"],
+        ],
+    ]
+    derived = {label: round(v, 3) for label, v in ratio_rows}
+    ratios = md_table([f"ratio at {ref['world_size']} rank(s)", "×"], ratio_rows)
+    return table + "\n\n" + ratios, derived
+
+
+def _spread(r: dict[str, Any]) -> str:
+    lo, hi = min(r["samples_per_sec"]), max(r["samples_per_sec"])
+    if len(r["samples_per_sec"]) == 1:
+        return f"{r['median']:,.0f}"
+    return f"{r['median']:,.0f} ({lo:,.0f}–{hi:,.0f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    rank = sub.add_parser("rank", help="the program each Horovod rank runs")
+    rank.add_argument("--root", required=True, help="torchvision root holding MNIST/raw/")
+    rank.add_argument("--data", required=True, help="staged dataset folder (manifest.json)")
+    rank.add_argument("--output", required=True)
+    rank.add_argument("--cache-dir", default="")
+    rank.add_argument("--result", required=True)
+    for p in (parser, rank):
+        p.add_argument("--steps", type=int, default=200, help="at most this many steps a repeat")
+        p.add_argument("--seconds", type=float, default=3.0, help="aim for this long a repeat")
+        p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+        p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
+    parser.add_argument("--np", type=int, nargs="+", default=None, help="rank counts (1 2)")
+    parser.add_argument("--quick", action="store_true", help="2 steps, 1 repeat (smoke test)")
+    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    args = parser.parse_args(argv)
+    for name in ("steps", "warmup", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.seconds <= 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+
+    if args.command == "rank":
+        run_rank(args)
+        return 0
+
+    if args.quick:
+        args.steps, args.warmup, args.repeats, args.seconds = 2, 1, 1, 0.1
+    nps = args.np or rank_counts()
+    if any(n < 1 for n in nps):
+        parser.error(f"--np takes rank counts >= 1, got {nps}")
+    m = machine()
+    runs: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="hva-throughput-") as tmp:
+        for n in nps:
+            runs[n] = run_throughput(
+                Path(tmp),
+                np=n,
+                steps=args.steps,
+                warmup=args.warmup,
+                repeats=args.repeats,
+                seconds=args.seconds,
+            )
+    body, derived = tables(runs)
+    ref = runs[max(runs)]
+    title = "### Training throughput, demo recipe vs our trainer" + (
+        " (quick)" if args.quick else ""
+    )
+    notes = (
+        f"Samples/s over all ranks, median (min–max) of {args.repeats} repeat(s), each of up to "
+        f"{args.steps} steps after {args.warmup} warm-up step(s), timed by the slowest rank. "
+        f"Device {ref['device']}; torch default threads {ref['default_threads']}/rank "
+        "(the demo's), "
+        f"ours {ref['our_threads']}/rank at {ref['world_size']} ranks; our precision "
+        f"{ref['our_precision']}, channels_last {ref['our_channels_last']}. Scaling efficiency = "
+        "2-rank / (2 × 1-rank); our ranks share the same cores (threads = cores ÷ ranks)."
+    )
+    markdown = "\n".join([title, "", body, "", notes, "", machine_line(m)])
+    name = "train_throughput_quick" if args.quick else "train_throughput"
+    data = {"machine": m, "quick": args.quick, "runs": runs, "ratios": derived}
+    write_results(name, markdown, data, args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
