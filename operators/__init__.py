@@ -1,6 +1,6 @@
 """Airflow operators that run Horovod training and export jobs (no torch imported here).
 
-    from operators import HorovodTrainOperator, HorovodExportOperator
+from operators import HorovodTrainOperator, HorovodExportOperator
 """
 
 from operators.exceptions import (

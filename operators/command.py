@@ -176,8 +176,16 @@ def is_our_trainer(entrypoint: Sequence[str]) -> bool:
 def doctor_argv(entrypoint: Sequence[str], num_proc: int, gpus_per_proc: int) -> list[str]:
     """``python -m trainer doctor --np N --gpus-per-proc G`` with the entrypoint's python."""
     python = str(entrypoint[0])
-    return [python, "-m", "trainer", "doctor", "--np", str(num_proc), "--gpus-per-proc",
-            str(gpus_per_proc)]  # fmt: skip
+    return [
+        python,
+        "-m",
+        "trainer",
+        "doctor",
+        "--np",
+        str(num_proc),
+        "--gpus-per-proc",
+        str(gpus_per_proc),
+    ]
 
 
 def rank_env_file_text(secret_env: Mapping[str, str]) -> str:

@@ -20,9 +20,7 @@ class HorovodOperatorError(AirflowException):
         self.log_tail = list(log_tail)
         if self.log_tail:
             shown = self.log_tail[-TAIL_LINES_IN_MESSAGE:]
-            message = (
-                f"{message}\n--- last {len(shown)} lines of output ---\n" + "\n".join(shown)
-            )
+            message = f"{message}\n--- last {len(shown)} lines of output ---\n" + "\n".join(shown)
         super().__init__(message)
 
 

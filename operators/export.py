@@ -34,8 +34,15 @@ class HorovodExportOperator(HorovodJobOperatorBase):
     Supports ``launcher="local"`` and ``"docker"`` (a Kubeflow MPIJob is for many ranks).
     """
 
-    template_fields: Sequence[str] = ("launcher", "checkpoint", "output_uri", "data",
-                                      "export_args", "env", "image")  # fmt: skip
+    template_fields: Sequence[str] = (
+        "launcher",
+        "checkpoint",
+        "output_uri",
+        "data",
+        "export_args",
+        "env",
+        "image",
+    )
 
     def __init__(
         self,
@@ -84,11 +91,22 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         public, secret = self.job_env()
         ti = context.get("ti")
         try_number = int(getattr(ti, "try_number", 1) or 1)
-        name = job_name(str(getattr(self, "dag_id", "") or ""), self.task_id,
-                        str(context.get("run_id", "") or ""), try_number)  # fmt: skip
-        return JobSpec(name=name, argv=argv, env=public, secret_env=secret, num_proc=1,
-                       gpus_per_proc=self.gpus_per_proc, timeout=self.timeout,
-                       distributed=False)  # fmt: skip
+        name = job_name(
+            str(getattr(self, "dag_id", "") or ""),
+            self.task_id,
+            str(context.get("run_id", "") or ""),
+            try_number,
+        )
+        return JobSpec(
+            name=name,
+            argv=argv,
+            env=public,
+            secret_env=secret,
+            num_proc=1,
+            gpus_per_proc=self.gpus_per_proc,
+            timeout=self.timeout,
+            distributed=False,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
         from trainer import storage
@@ -104,10 +122,10 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         result = {
             "onnx_uri": storage.join(self.output_uri, "model.onnx"),
             "parity_uri": parity_uri,
-            "max_abs_diff": self.number_or_none(parity["max_abs_diff"], "max_abs_diff",
-                                                parity_uri),  # fmt: skip
-            "argmax_mismatches": self.number_or_none(parity["argmax_mismatches"],
-                                                     "argmax_mismatches", parity_uri),  # fmt: skip
+            "max_abs_diff": self.number_or_none(parity["max_abs_diff"], "max_abs_diff", parity_uri),
+            "argmax_mismatches": self.number_or_none(
+                parity["argmax_mismatches"], "argmax_mismatches", parity_uri
+            ),
             "passed": bool(parity["passed"]),
         }
         if self.require_parity and not result["passed"]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from operators.command import Host, parse_hosts, validate_env_name
+from operators.command import Host, validate_env_name
 from operators.exceptions import HorovodOperatorError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
 
@@ -78,6 +78,7 @@ class HorovodJobOperatorBase(BaseOperator):
     :param mounts: docker bind mounts: ``"host:container[:ro]"`` strings or ``docker.types.Mount``.
     :param shm_size: docker ``/dev/shm`` size (Gloo/NCCL use shared memory).
     :param kubernetes_conn_id / namespace: the cluster for the MPIJob.
+    :param slots_per_worker: ranks per MPIJob worker pod (``num_proc`` must be a multiple).
     :param deferrable: kubernetes only: free the worker slot while the MPIJob runs.
     :param poll_interval: seconds between MPIJob status checks.
     :param cleanup: MPIJob/container policy: ``"delete"``, ``"keep"`` or ``"delete_on_success"``.
@@ -107,6 +108,7 @@ class HorovodJobOperatorBase(BaseOperator):
         network_mode: str | None = None,
         kubernetes_conn_id: str | None = "kubernetes_default",
         namespace: str | None = None,
+        slots_per_worker: int = 1,
         deferrable: bool = False,
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
@@ -147,6 +149,7 @@ class HorovodJobOperatorBase(BaseOperator):
         self.network_mode = network_mode
         self.kubernetes_conn_id = kubernetes_conn_id
         self.namespace = namespace
+        self.slots_per_worker = as_int(slots_per_worker, "slots_per_worker", minimum=1)
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.cleanup = cleanup
@@ -217,6 +220,7 @@ class HorovodJobOperatorBase(BaseOperator):
             image=str(self.image),
             kubernetes_conn_id=self.kubernetes_conn_id,
             namespace=self.namespace,
+            slots_per_worker=self.slots_per_worker,
             poll_interval=self.poll_interval,
             cleanup=self.cleanup,
         )

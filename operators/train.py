@@ -88,8 +88,10 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             raise ValueError(f"data must be a dataset URI (s3://... or a path), got {data!r}")
         if not output or not isinstance(output, str):
             raise ValueError(f"output must be an output URI (s3://... or a path), got {output!r}")
-        if isinstance(entrypoint, str) or not entrypoint or not all(
-            isinstance(a, str) and a for a in entrypoint
+        if (
+            isinstance(entrypoint, str)
+            or not entrypoint
+            or not all(isinstance(a, str) and a for a in entrypoint)
         ):
             raise ValueError(
                 f"entrypoint must be a non-empty list of strings like "
@@ -184,8 +186,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
 
     def execute(self, context: Context) -> dict[str, Any]:
         spec, hosts = self.build_spec(context)
-        self.log.info("launching %d ranks with %s: %s", spec.num_proc, self.launcher,
-                      shlex.join(spec.argv))  # fmt: skip
+        self.log.info(
+            "launching %d ranks with %s: %s", spec.num_proc, self.launcher, shlex.join(spec.argv)
+        )
         self.run_job(spec, context, hosts)
         return self.collect_metrics()
 

@@ -12,8 +12,8 @@ import abc
 import collections
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from operators.command import redact
 

@@ -9,9 +9,10 @@ e.g. ``[1]<stdout>:``), redacted, and the last lines are kept for the exception.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -271,10 +272,8 @@ class LocalLauncher(Launcher):
             self._reap_leftovers()
             return
         self._remember_descendants()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + self.kill_grace_s
         while time.monotonic() < deadline:
             self._remember_descendants()
@@ -282,17 +281,13 @@ class LocalLauncher(Launcher):
                 return
             time.sleep(0.1)
         self._remember_descendants()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._reap_leftovers()
 
     def _reap_leftovers(self) -> None:
         """SIGKILL any process of this job that outlived horovodrun (rank middlemen setsid)."""
         self._remember_descendants()
         for p in self._alive():
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass

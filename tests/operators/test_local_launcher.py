@@ -38,8 +38,9 @@ def task_log(capsys: pytest.CaptureFixture[str]) -> TaskLog:
 def make_op(data: str, output: str, **kwargs) -> HorovodTrainOperator:
     kwargs.setdefault("entrypoint", PROGRAM)
     kwargs.setdefault("num_proc", 2)
-    return HorovodTrainOperator(task_id=kwargs.pop("task_id", "train"), data=data,
-                                output=output, **kwargs)  # fmt: skip
+    return HorovodTrainOperator(
+        task_id=kwargs.pop("task_id", "train"), data=data, output=output, **kwargs
+    )
 
 
 def test_two_ranks_return_metrics_from_metrics_json(s3_server, task_log):

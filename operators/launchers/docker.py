@@ -1,0 +1,216 @@
+"""Run the job in one container: ``horovodrun -np N -H localhost:N ...`` inside the image.
+
+The engine client comes from the docker provider's ``DockerHook`` (``docker_url`` or
+``$DOCKER_HOST``, default the local socket; ``docker_conn_id`` for registry login), so a
+Podman socket works the same. The container is created, attached (``stream=True,
+logs=True``: no output lost for fast-exiting containers), started, waited for and removed
+in ``finally`` — ``containers.run`` + ``logs(follow=True)`` sometimes hangs instead.
+
+Credentials are container environment only. For a horovodrun job the container's command
+first moves them into a private file (``stash_secrets_script``) so horovodrun does not
+copy them onto the rank command lines inside the container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from operators.command import stash_secrets_script
+from operators.exceptions import HorovodLaunchError, HorovodTimeoutError, HorovodTrainingError
+from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
+
+DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+
+
+def DockerHook(**kwargs: Any) -> Any:
+    """The provider's ``DockerHook``, imported when first used (tests patch this name)."""
+    from airflow.providers.docker.hooks.docker import DockerHook as _DockerHook
+
+    return _DockerHook(**kwargs)
+
+
+def split_mounts(mounts: Sequence[Any]) -> tuple[list[str], list[Any]]:
+    """``"host:container[:ro|rw]"`` strings → binds; anything else (docker ``Mount``) → mounts."""
+    binds: list[str] = []
+    objects: list[Any] = []
+    for m in mounts:
+        if isinstance(m, str):
+            parts = m.split(":")
+            if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+                raise ValueError(f"mount {m!r} must be 'host_path:container_path[:ro|rw]'")
+            if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+                raise ValueError(f"mount {m!r}: mode must be 'ro' or 'rw', got {parts[2]!r}")
+            binds.append(m)
+        else:
+            objects.append(m)
+    return binds, objects
+
+
+class DockerLauncher(Launcher):
+    """One container per job; all ranks on localhost inside it."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        docker_conn_id: str | None = None,
+        docker_url: str | None = None,
+        mounts: Sequence[Any] = (),
+        shm_size: str = "1g",
+        network_mode: str | None = None,
+        working_dir: str | None = None,
+        cleanup: str = "delete",
+        client: Any | None = None,
+    ) -> None:
+        self.image = image
+        self.docker_conn_id = docker_conn_id
+        self.docker_url = docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+        self.binds, self.mount_objects = split_mounts(mounts)
+        self.shm_size = shm_size
+        self.network_mode = network_mode
+        self.working_dir = working_dir
+        self.cleanup = cleanup
+        self._client = client  # injectable (e.g. a docker.APIClient for a podman socket)
+        self._container_id: str | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            hook = DockerHook(docker_conn_id=self.docker_conn_id, base_url=self.docker_url)
+            self._client = hook.get_conn()
+        return self._client
+
+    def container_command(self, spec: JobSpec) -> list[str]:
+        """The container's command: horovodrun for ``localhost:N`` (or the one process)."""
+        from operators.command import Host, horovodrun_argv
+
+        if not spec.distributed:
+            return list(spec.argv)
+        argv = horovodrun_argv(
+            spec.argv, num_proc=spec.num_proc, hosts=[Host("localhost", spec.num_proc)]
+        )
+        return ["sh", "-c", stash_secrets_script(spec.secret_env), "hva-launch", *argv]
+
+    def create_kwargs(self, spec: JobSpec) -> dict[str, Any]:
+        """``APIClient.create_container`` arguments (host config included); tests assert them."""
+        from docker.types import DeviceRequest
+
+        gpus = spec.num_proc * spec.gpus_per_proc if spec.distributed else spec.gpus_per_proc
+        host_config = self.client.create_host_config(
+            binds=self.binds or None,
+            mounts=self.mount_objects or None,
+            device_requests=(
+                [DeviceRequest(count=gpus, capabilities=[["gpu"]])] if gpus > 0 else None
+            ),
+            ipc_mode="host",  # Gloo/NCCL shared memory between the ranks
+            shm_size=self.shm_size,
+            network_mode=self.network_mode,
+        )
+        return {
+            "image": self.image,
+            "command": self.container_command(spec),
+            "environment": {**spec.env, "PYTHONUNBUFFERED": "1", **spec.secret_env},
+            "host_config": host_config,
+            "name": spec.name,
+            "working_dir": self.working_dir,
+            "labels": {"horovod-airflow/job": spec.name},
+            "detach": True,
+        }
+
+    def run(self, spec: JobSpec, log: Any) -> JobResult:
+        from docker.errors import DockerException
+        from requests.exceptions import RequestException
+
+        out = LogTail(log, secrets=list(spec.secret_env.values()))
+        client = self.client
+        exit_code: int | None = None
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise HorovodLaunchError("the task was killed before the container started")
+                container = client.create_container(**self.create_kwargs(spec))
+                self._container_id = cid = container["Id"]
+            log.info("created container %s (%s) from %s", spec.name, cid[:12], self.image)
+            stream = client.attach(cid, stdout=True, stderr=True, stream=True, logs=True)
+            client.start(cid)
+            reader = threading.Thread(target=self._pump, args=(stream, out), daemon=True)
+            reader.start()
+            try:
+                status = client.wait(cid, timeout=spec.timeout)
+            except RequestException as e:  # the wait's read timed out
+                self._stop(cid)
+                reader.join(10)
+                raise HorovodTimeoutError(
+                    f"container {spec.name!r} ran longer than timeout={spec.timeout}s "
+                    f"and was stopped",
+                    timeout=float(spec.timeout or 0),
+                    log_tail=out.tail(),
+                ) from e
+            reader.join(30)
+            exit_code = int(status.get("StatusCode", -1))
+            if status.get("Error"):
+                out(f"engine error: {status['Error']}")
+        except DockerException as e:
+            raise HorovodLaunchError(
+                f"docker engine error for {spec.name!r}: {e}", log_tail=out.tail()
+            ) from e
+        finally:
+            self._remove(success=exit_code == 0 and not self._stopped)
+        if self._stopped:
+            raise HorovodTrainingError(
+                f"container {spec.name!r} was stopped (on_kill)",
+                exit_code=exit_code,
+                log_tail=out.tail(),
+            )
+        if exit_code != 0:
+            raise HorovodTrainingError(
+                describe_failure(spec.name, exit_code, out.tail()),
+                exit_code=exit_code,
+                log_tail=out.tail(),
+            )
+        return JobResult(exit_code=0, log_tail=out.tail())
+
+    @staticmethod
+    def _pump(stream: Any, out: LogTail) -> None:
+        """Split the attach stream (bytes chunks) into lines for the task log."""
+        pending = ""
+        for chunk in stream:
+            text = chunk.decode("utf-8", errors="replace") if isinstance(chunk, bytes) else chunk
+            pending += text
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                out(line)
+        if pending:
+            out(pending)
+
+    def _stop(self, cid: str) -> None:
+        from docker.errors import NotFound
+
+        with contextlib.suppress(NotFound):  # already gone: nothing to stop
+            self.client.stop(cid, timeout=10)
+
+    def _remove(self, success: bool) -> None:
+        cid = self._container_id
+        if cid is None or self.cleanup == "keep":
+            return
+        if self.cleanup == "delete_on_success" and not success:
+            return  # kept for inspection: ``docker logs`` / ``docker inspect``
+        from docker.errors import NotFound
+
+        with contextlib.suppress(NotFound):  # already removed
+            self.client.remove_container(cid, force=True)
+
+    def kill(self) -> None:
+        with self._lock:
+            self._stopped = True
+            cid = self._container_id
+        if cid is not None:
+            self._stop(cid)
