@@ -297,28 +297,36 @@ def main(argv: list[str] | None = None) -> int:
     rank = sub.add_parser("rank", help="the program each Horovod rank runs")
     rank.add_argument("--root", required=True, help="torchvision root holding MNIST/raw/")
     rank.add_argument("--result", default="", help="rank 0 writes its timings here (JSON)")
-    rank.add_argument("--epochs", type=int, default=3)
-    rank.add_argument("--train-samples", type=int, default=0, help="0 = all 60,000")
-    rank.add_argument("--val-samples", type=int, default=0, help="0 = all 10,000")
+    for p in (parser, rank):
+        p.add_argument("--epochs", type=int, default=3, help="the demo's 3 by default")
+        p.add_argument("--train-samples", type=int, default=0, help="0 = all 60,000")
+        p.add_argument("--val-samples", type=int, default=0, help="0 = all 10,000")
     parser.add_argument("--np", type=int, default=2, help="Horovod ranks (default 2)")
-    parser.add_argument("--epochs", type=int, default=3, help="the demo's 3 by default")
     parser.add_argument("--quick", action="store_true", help="512/256 samples, 1 epoch")
     parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     args = parser.parse_args(argv)
 
+    if args.epochs < 1:
+        parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    for name in ("train_samples", "val_samples"):
+        if getattr(args, name) < 0:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be >= 0 (0 = the whole split), got {getattr(args, name)}")
     if args.command == "rank":
-        for name in ("epochs", "train_samples", "val_samples"):
-            if getattr(args, name) < 0 or (name == "epochs" and args.epochs < 1):
-                parser.error(f"--{name.replace('_', '-')} must be >= 1 (epochs) or >= 0")
         run_rank(args)
         return 0
 
+    if args.np < 1:
+        parser.error(f"--np must be >= 1, got {args.np}")
     m = machine()
-    quick = {"epochs": 1, "train_samples": 512, "val_samples": 256} if args.quick else {}
+    sizes = {"epochs": args.epochs, "train_samples": args.train_samples}
+    sizes["val_samples"] = args.val_samples
+    if args.quick:
+        sizes = {"epochs": 1, "train_samples": 512, "val_samples": 256}
     with tempfile.TemporaryDirectory(prefix="hva-demo-") as tmp:
         workdir = args.workdir or Path(tmp)
-        result = run_demo(workdir, np=args.np, **({"epochs": args.epochs} | quick))
+        result = run_demo(workdir, np=args.np, **sizes)
     ttt = result["time_to_target"]
     reached = (
         f"reached {100 * TARGET_ACCURACY:.0f} % in epoch {ttt['epoch']}, {ttt['seconds']} s "

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
 MNIST_DIR = REPO / "data" / "mnist"
+RANK_PREFIX = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")  # how horovodrun tags rank output
 
 
 def cpu_model() -> str:
@@ -185,7 +187,9 @@ def run_horovod(
                 _kill_group(proc)
     wall = time.perf_counter() - start
     if rc != 0:
-        tail = "\n".join(line for _, line in lines[-40:])
+        # The ranks' own lines say why; horovodrun's traceback after them does not.
+        rank_lines = [line for _, line in lines if RANK_PREFIX.match(line)]
+        tail = "\n".join(rank_lines[-30:] or [line for _, line in lines[-40:]])
         why = f"timed out after {timeout:.0f}s" if wall >= timeout else f"exited {rc}"
         raise RuntimeError(f"{' '.join(cmd)} {why}; log tail ({log}):\n{tail}")
     return HorovodRun(wall_seconds=wall, lines=lines, log=log)

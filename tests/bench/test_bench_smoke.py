@@ -1,0 +1,162 @@
+"""Each benchmark in its tiny ``--quick`` mode, for real (horovodrun, 2 ranks), so none can rot.
+
+The quick modes measure nothing worth reading; these tests check that every benchmark still
+runs end to end against the current trainer, writes its Markdown and JSON results, and that
+the numbers in them are consistent (positive rates, accuracies in [0, 1], times that add up).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import demo_baseline, pipeline_overhead, time_to_accuracy, train_throughput
+from bench.datasets import prepare_torchvision_root, stage_local_dataset
+from bench.report import md_table, run_horovod
+from tests.conftest import MNIST_DIR, REPO
+
+
+def _results(results_dir: Path, name: str) -> tuple[str, dict]:
+    markdown = (results_dir / f"{name}.md").read_text()
+    data = json.loads((results_dir / f"{name}.json").read_text())
+    assert "Machine: " in markdown and "load average at start" in markdown
+    assert data["machine"]["cores"] >= 1 and data["machine"]["torch"]
+    assert len(data["machine"]["load_average_at_start"]) == 3
+    return markdown, data
+
+
+def test_torchvision_root_reads_the_vendored_mnist(tmp_path: Path) -> None:
+    from torchvision import datasets
+
+    root = prepare_torchvision_root(tmp_path / "tv")
+    train = datasets.MNIST(str(root), train=True, download=False)
+    test = datasets.MNIST(str(root), train=False, download=False)
+    assert (len(train), len(test)) == (60000, 10000)
+    assert [int(train.targets[i]) for i in range(5)] == [5, 0, 4, 1, 9]  # data/mnist/README.md
+
+
+def test_torchvision_root_names_a_missing_file(tmp_path: Path) -> None:
+    source = tmp_path / "partial"
+    source.mkdir()
+    (source / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"x"))
+    with pytest.raises(FileNotFoundError, match=r"train-labels-idx1-ubyte\.gz is missing"):
+        prepare_torchvision_root(tmp_path / "tv", source=source)
+
+
+def test_staged_folder_verifies_with_the_trainer(tmp_path: Path) -> None:
+    from trainer import data
+
+    staged = stage_local_dataset(tmp_path / "staged")
+    local = data.fetch_dataset(str(staged), cache_dir=str(tmp_path / "cache"))
+    x, y = data.load_split(local, "test", limit=100)
+    assert tuple(x.shape) == (100, 1, 28, 28) and tuple(y.shape) == (100,)
+
+
+def test_md_table_formats_rows() -> None:
+    table = md_table(["a", "b"], [["x", 1234.5678], ["y", 0.5]])
+    assert table.splitlines() == ["| a | b |", "| --- | --- |", "| x | 1,234.6 |", "| y | 0.500 |"]
+
+
+def test_run_horovod_rejects_zero_ranks(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"np \(Horovod ranks\) must be >= 1, got 0"):
+        run_horovod(0, ["bench.demo_baseline"], log=tmp_path / "x.log", timeout=10)
+
+
+def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
+    with pytest.raises(
+        RuntimeError, match=r"(?s)exited 1; log tail.*No module named bench\.no_such_module"
+    ):
+        run_horovod(1, ["bench.no_such_module"], log=tmp_path / "x.log", timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [
+        (demo_baseline, ["rank", "--root", "r", "--epochs", "0"], "--epochs must be >= 1, got 0"),
+        (demo_baseline, ["--train-samples", "-1"], "--train-samples must be >= 0"),
+        (train_throughput, ["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
+        (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
+        (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
+    ],
+)
+def test_bad_arguments_are_named(module, argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_demo_baseline_quick(tmp_path: Path) -> None:
+    import torch
+
+    demo_baseline.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "demo_baseline_quick")
+    result = data["result"]
+    assert result["world_size"] == 2
+    assert result["threads_per_rank"] == torch.get_num_threads()  # the demo's default threads
+    (epoch,) = result["epochs"]
+    assert epoch["val_samples"] == 256  # allreduced over both ranks, not one rank's half
+    assert 0.0 <= epoch["val_accuracy"] <= 1.0
+    assert epoch["train_seconds"] > 0 and epoch["train_samples_per_sec"] > 0
+    assert 0 < result["startup_seconds"] < result["wall_seconds"]
+    assert "| epoch | train s |" in markdown
+
+
+@pytest.mark.slow
+def test_train_throughput_quick(tmp_path: Path) -> None:
+    train_throughput.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "train_throughput_quick")
+    runs = data["runs"]
+    assert sorted(runs) == ["1", "2"]
+    names = {r["name"] for r in runs["2"]["results"]}
+    assert {
+        "demo input pipeline",
+        "our data path",
+        "demo training step",
+        "our training step",
+        "model only, fp32",
+        "model only, bf16 autocast + channels_last",
+    } <= names
+    for run in runs.values():
+        for r in run["results"]:
+            assert r["median"] > 0 and r["steps"] >= 2, r
+    assert runs["2"]["our_threads"] * 2 <= max(2, data["machine"]["cores"])  # no oversubscription
+    assert all(v > 0 for v in data["ratios"].values())
+    assert "scaling efficiency" in markdown
+
+
+@pytest.mark.slow
+def test_time_to_accuracy_quick(tmp_path: Path) -> None:
+    time_to_accuracy.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "time_to_accuracy_quick")
+    for recipe in ("ours", "demo"):
+        r = data[recipe]
+        (epoch,) = r["epochs"]
+        assert 0.0 <= epoch["val_accuracy"] <= 1.0
+        assert 0 < epoch["ended_after"] <= r["wall_seconds"]
+    assert data["ours"]["config"]["max_train_samples"] == 1024
+    assert "| ours (trainer defaults) | 1 |" in markdown
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (REPO / "scripts" / "run_pipeline.py").is_file(), reason="the pipeline runner is absent"
+)
+def test_pipeline_overhead_quick(tmp_path: Path) -> None:
+    pipeline_overhead.main(["--quick", "--results-dir", str(tmp_path), "--workdir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "pipeline_overhead_quick")
+    tasks = {t["task_id"]: t for t in data["tasks"]}
+    assert tasks["train"]["state"] == "success"
+    assert 0 < data["train_seconds"] < tasks["train"]["seconds"]  # the task wraps the training
+    assert data["export_seconds"] > 0
+    assert data["orchestration_seconds"] == pytest.approx(
+        data["dag_run_seconds"] - data["train_seconds"] - data["export_seconds"]
+    )
+    assert "orchestration = DAG run" in markdown
+
+
+def test_vendored_mnist_is_present() -> None:
+    assert (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file()
