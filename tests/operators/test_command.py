@@ -1,0 +1,180 @@
+"""The one command builder: argv shape, trainer_args mapping, hosts, env filtering."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from operators.command import (
+    RANK_ENV_FILE_VAR,
+    RANK_ENV_WRAPPER,
+    Host,
+    doctor_argv,
+    forwardable_environ,
+    horovodrun_argv,
+    is_our_trainer,
+    parse_hosts,
+    program_argv,
+    rank_env_file_text,
+    redact,
+    stash_secrets_script,
+    trainer_args_to_argv,
+)
+
+
+def test_full_horovodrun_command_shape():
+    program = program_argv(
+        ("python", "-m", "trainer", "train"),
+        data="s3://b/datasets/mnist/abc",
+        output="s3://b/runs/x",
+        extra=trainer_args_to_argv({"epochs": 2}),
+        resume=True,
+    )
+    argv = horovodrun_argv(
+        program,
+        num_proc=4,
+        hosts=parse_hosts("node1:2,node2:2", 4),
+        ssh_port=2222,
+        ssh_identity_file="/keys/id",
+        network_interface="eth0",
+    )
+    assert argv == [
+        "horovodrun", "-np", "4", "-H", "node1:2,node2:2", "-p", "2222",
+        "--ssh-identity-file", "/keys/id", "--network-interface", "eth0",
+        *RANK_ENV_WRAPPER,
+        "python", "-m", "trainer", "train", "--data", "s3://b/datasets/mnist/abc",
+        "--output", "s3://b/runs/x", "--epochs", "2", "--resume",
+    ]  # fmt: skip
+
+
+def test_optional_flags_are_omitted():
+    argv = horovodrun_argv(["prog"], num_proc=2, hosts=parse_hosts(None, 2), load_rank_env=False)
+    assert argv == ["horovodrun", "-np", "2", "-H", "localhost:2", "prog"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"batch_size": 64}, ["--batch-size", "64"]),
+        ({"amp": True, "compile": False, "seed": None}, ["--amp"]),
+        (
+            {"lr": 0.01, "max_train_samples": "2000"},
+            ["--lr", "0.01", "--max-train-samples", "2000"],
+        ),
+        ({"layers": [1, 2]}, ["--layers", "1", "2"]),
+        (["--epochs", 3], ["--epochs", "3"]),
+        (None, []),
+    ],
+)
+def test_trainer_args_mapping(args, expected):
+    assert trainer_args_to_argv(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [("--epochs 3", "dict or a list"), ({"--epochs": 3}, "plain name"), ({"": 1}, "plain name")],
+)
+def test_bad_trainer_args_are_named(args, message):
+    with pytest.raises(ValueError, match=message):
+        trainer_args_to_argv(args)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        (None, [Host("localhost", 3)]),
+        ("a:2,b:1", [Host("a", 2), Host("b", 1)]),
+        (["a:4", "b"], [Host("a", 4), Host("b", 1)]),
+    ],
+)
+def test_parse_hosts(hosts, expected):
+    assert parse_hosts(hosts, 3) == expected
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [("a:x", "not an integer"), ("a:0", "must be ≥ 1"), (":2", "hostname:slots"),
+     ("a b:2", "hostname:slots")],
+)  # fmt: skip
+def test_bad_hosts_are_named(hosts, message):
+    with pytest.raises(ValueError, match=message):
+        parse_hosts(hosts, 2)
+
+
+def test_doctor_and_trainer_detection():
+    assert is_our_trainer(("python", "-m", "trainer", "train"))
+    assert not is_our_trainer(("python", "-m", "tests.programs.allreduce_program"))
+    assert doctor_argv(("python3", "-m", "trainer", "train"), 4, 1) == [
+        "python3", "-m", "trainer", "doctor", "--np", "4", "--gpus-per-proc", "1",
+    ]  # fmt: skip
+
+
+def test_forwardable_environ_drops_airflow_and_secrets():
+    env = {
+        "PATH": "/bin",
+        "PYTHONPATH": "/repo",
+        "AWS_ENDPOINT_URL": "http://s3",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SESSION_TOKEN": "t",
+        "AIRFLOW_CONN_AWS_DEFAULT": '{"password": "s"}',
+        "AIRFLOW__CORE__FERNET_KEY": "f",
+        "MY_DB_PASSWORD": "p",
+        "GITHUB_TOKEN": "g",
+    }
+    assert forwardable_environ(env) == {
+        "PATH": "/bin",
+        "PYTHONPATH": "/repo",
+        "AWS_ENDPOINT_URL": "http://s3",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def test_rank_wrapper_sources_the_file_and_execs(tmp_path):
+    """The wrapper really loads awkward values and replaces itself with the program."""
+    secrets = {"AWS_SECRET_ACCESS_KEY": "a'b\"c $HOME `x` ;|&", "AWS_ACCESS_KEY_ID": "AKIA1"}
+    env_file = tmp_path / "rank.env"
+    env_file.write_text(rank_env_file_text(secrets))
+    probe = ["python", "-c", "import os; print(os.environ['AWS_SECRET_ACCESS_KEY'])"]
+    env = {"PATH": os.environ["PATH"], RANK_ENV_FILE_VAR: str(env_file)}
+    out = subprocess.run([*RANK_ENV_WRAPPER, *probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == secrets["AWS_SECRET_ACCESS_KEY"]
+    # Without the file (e.g. a remote host), the program still runs, without the secret.
+    env[RANK_ENV_FILE_VAR] = str(tmp_path / "absent")
+    probe = ["python", "-c", "import os; print(os.environ.get('AWS_SECRET_ACCESS_KEY'))"]
+    out = subprocess.run([*RANK_ENV_WRAPPER, *probe], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "None"
+
+
+def test_stash_script_moves_secrets_out_of_the_environment():
+    """In a container: secrets leave the environment (so horovodrun cannot copy them onto
+    rank command lines) and reappear in the ranks through the file."""
+    script = stash_secrets_script(["AWS_SECRET_ACCESS_KEY"])
+    rank_probe = "import os; print(os.environ.get('AWS_SECRET_ACCESS_KEY'), os.environ['HVA_SEEN'])"
+    # "horovodrun" stand-in: reports what it sees, then starts a "rank" through the wrapper.
+    launcher_probe = (
+        "sh -c 'export HVA_SEEN=${AWS_SECRET_ACCESS_KEY:-absent}; exec \"$@\"' x "
+        + " ".join(f"'{a}'" for a in RANK_ENV_WRAPPER[:2])
+        + " '"
+        + RANK_ENV_WRAPPER[2].replace("'", "'\\''")
+        + "' hva-rank python -c \""
+        + rank_probe
+        + '"'
+    )
+    env = {"PATH": os.environ["PATH"], "AWS_SECRET_ACCESS_KEY": "s3cr'et"}
+    out = subprocess.run(
+        ["sh", "-c", script, "hva-launch", "sh", "-c", launcher_probe],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["s3cr'et", "absent"]
+
+
+def test_redact():
+    assert redact("key=abcd1234 and abcd1234", ["abcd1234", ""]) == "key=*** and ***"

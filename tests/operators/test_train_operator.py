@@ -1,0 +1,256 @@
+"""HorovodTrainOperator / HorovodExportOperator: validation, templating, results, no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from airflow.exceptions import AirflowException
+
+from operators import (
+    HorovodExportOperator,
+    HorovodLaunchError,
+    HorovodOperatorError,
+    HorovodPreflightError,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+    HorovodTrainOperator,
+)
+from operators.command import RANK_ENV_WRAPPER, Host
+from operators.launchers.local import check_slots
+from tests.operators.helpers import PROGRAM, context
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train_op(**kwargs) -> HorovodTrainOperator:
+    base = {"task_id": "train", "data": "s3://b/data", "output": "s3://b/out", "num_proc": 2}
+    return HorovodTrainOperator(**{**base, **kwargs})
+
+
+def test_template_fields():
+    assert set(HorovodTrainOperator.template_fields) == {
+        "launcher", "data", "output_uri", "trainer_args", "env", "image", "num_proc",
+    }  # fmt: skip
+    assert {"checkpoint", "output_uri", "data", "export_args", "env", "image"} <= set(
+        HorovodExportOperator.template_fields
+    )
+
+
+def test_templates_render_and_num_proc_is_validated_after_rendering():
+    op = train_op(
+        num_proc="{{ params.np }}",
+        data="s3://b/{{ params.ds }}",
+        output="s3://b/runs/{{ run_id }}",
+        trainer_args={"epochs": "{{ params.epochs }}"},
+        env={"RUN": "{{ run_id }}"},
+        entrypoint=PROGRAM,
+        aws_conn_id=None,
+        preflight=False,
+    )
+    ctx = {**context(run_id="r1"), "params": {"np": 2, "ds": "datasets/x", "epochs": 3}}
+    op.render_template_fields(ctx)
+    assert (op.data, op.output_uri, op.env) == (
+        "s3://b/datasets/x",
+        "s3://b/runs/r1",
+        {"RUN": "r1"},
+    )
+    spec, _ = op.build_spec(ctx)
+    assert spec.num_proc == 2
+    assert spec.argv[:5] == ["horovodrun", "-np", "2", "-H", "localhost:2"]
+    assert spec.argv[5:9] == list(RANK_ENV_WRAPPER)
+    assert spec.argv[9:] == [*PROGRAM, "--data", "s3://b/datasets/x", "--output", "s3://b/runs/r1",
+                             "--epochs", "3"]  # fmt: skip
+
+    op.num_proc = "two"  # what a bad template renders to
+    with pytest.raises(ValueError, match="num_proc must be an integer ≥ 1, got 'two'"):
+        op.build_spec(ctx)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_proc": 0}, "num_proc must be an integer ≥ 1"),
+        ({"num_proc": 1.5}, "num_proc must be an integer"),
+        ({"launcher": "slurm"}, "launcher must be one of local, docker, kubernetes; got 'slurm'"),
+        ({"launcher": "docker"}, "image is required when launcher='docker'"),
+        ({"gpus_per_proc": -1}, "gpus_per_proc must be an integer ≥ 0"),
+        ({"data": ""}, "data must be a dataset URI"),
+        ({"output": None}, "output must be an output URI"),
+        ({"entrypoint": "python train.py"}, "entrypoint must be a non-empty list"),
+        ({"trainer_args": {"--x": 1}}, "trainer_args key '--x'"),
+        ({"hosts": "a:0"}, "slots must be ≥ 1"),
+        ({"timeout": -5}, "timeout must be a positive number"),
+        ({"cleanup": "sometimes"}, "cleanup must be one of delete, keep, delete_on_success"),
+        ({"env": {"BAD NAME": "x"}}, "env: 'BAD NAME' is not a valid environment variable"),
+        ({"ssh_port": 70000}, "ssh_port must be a TCP port"),
+        ({"metric_key": ""}, "metric_key must be a non-empty string"),
+    ],
+)
+def test_bad_arguments_are_named_at_parse_time(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        train_op(**kwargs)
+
+
+def test_export_refuses_kubernetes():
+    with pytest.raises(ValueError, match="launcher='kubernetes' is not supported for the export"):
+        HorovodExportOperator(task_id="e", checkpoint="s3://b/c.pt", output="s3://b/o",
+                              launcher="kubernetes", image="img")  # fmt: skip
+
+
+def test_exceptions_are_typed_airflow_exceptions_with_tail():
+    for cls in (HorovodLaunchError, HorovodTrainingError, HorovodPreflightError):
+        assert issubclass(cls, HorovodOperatorError)
+    assert issubclass(HorovodTimeoutError, HorovodOperatorError)
+    assert issubclass(HorovodOperatorError, AirflowException)
+    err = HorovodTrainingError("boom", exit_code=3, log_tail=["a", "b"])
+    assert err.exit_code == 3 and err.log_tail == ["a", "b"] and str(err).endswith("a\nb")
+
+
+@pytest.mark.parametrize(
+    ("num_proc", "hosts", "gpus", "cpus", "gpu_count", "message"),
+    [
+        (4, [Host("a", 2)], 0, 8, 0, "num_proc=4 but hosts 'a:2' offer only 2 slots"),
+        (2, [Host("localhost", 2)], 1, 8, 1, "needs 2 GPUs, but this machine has 1"),
+        (3, [Host("localhost", 3)], 0, 2, 0, r"num_proc=3 CPU ranks on localhost but os.cpu_count\(\)=2"),
+    ],
+)  # fmt: skip
+def test_preflight_slot_checks_name_the_numbers(num_proc, hosts, gpus, cpus, gpu_count, message):
+    with pytest.raises(HorovodPreflightError, match=message):
+        check_slots(num_proc, hosts, gpus, cpu_count=cpus, gpu_count=gpu_count)
+    check_slots(2, [Host("localhost", 2)], 0, cpu_count=2, gpu_count=0)  # fits: no error
+
+
+def test_preflight_refuses_more_ranks_than_cores_before_launching(tmp_path):
+    import os
+
+    op = train_op(num_proc=(os.cpu_count() or 1) + 1, entrypoint=PROGRAM, aws_conn_id=None,
+                  data=str(tmp_path), output=str(tmp_path / "out"))  # fmt: skip
+    with pytest.raises(HorovodPreflightError, match="os.cpu_count"):
+        op.execute(context())
+
+
+def test_doctor_failure_stops_the_launch(tmp_path):
+    """With our trainer as entrypoint, its doctor runs first; a refusal is a preflight error."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\necho \"doctor: $*\"; echo 'no gloo here' >&2; exit 4\n")
+    fake_python.chmod(0o755)
+    op = train_op(entrypoint=(str(fake_python), "-m", "trainer", "train"), aws_conn_id=None,
+                  data=str(tmp_path), output=str(tmp_path / "out"))  # fmt: skip
+    with pytest.raises(HorovodPreflightError, match="exited 4") as err:
+        op.execute(context())
+    assert "doctor: -m trainer doctor --np 2 --gpus-per-proc 0" in err.value.log_tail
+    assert "no gloo here" in err.value.log_tail
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    d.mkdir()
+    return d
+
+
+def test_metrics_are_read_from_metrics_json(out_dir):
+    (out_dir / "metrics.json").write_text(json.dumps({
+        "val_accuracy": 0.97, "val_loss": 0.1, "val_samples": 500, "epochs": 2,
+        "world_size": 2, "artifacts": {"checkpoint": str(out_dir / "checkpoint.pt")},
+    }))  # fmt: skip
+    op = train_op(output=str(out_dir), aws_conn_id=None)
+    assert op.collect_metrics() == {
+        "val_accuracy": 0.97, "val_loss": 0.1, "val_samples": 500, "epochs": 2,
+        "world_size": 2, "output": str(out_dir), "metrics_uri": f"{out_dir}/metrics.json",
+        "checkpoint_uri": str(out_dir / "checkpoint.pt"),
+    }  # fmt: skip
+
+
+def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
+    (out_dir / "metrics.json").write_text(json.dumps({"f1": 0.5}))
+    op = train_op(output=str(out_dir), aws_conn_id=None, metric_key="f1")
+    result = op.collect_metrics()
+    assert result["f1"] == 0.5
+    assert result["val_accuracy"] is None and result["checkpoint_uri"] is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "exited 0 but metrics.json is missing"),
+        ("not json", "is not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"val_loss": 0.1}', r"has no 'val_accuracy' \(metric_key\); keys present: \['val_loss'\]"),
+        ('{"val_accuracy": "high"}', "val_accuracy in .* must be a number"),
+    ],
+)  # fmt: skip
+def test_bad_metrics_raise_typed_errors(out_dir, content, message):
+    if content is not None:
+        (out_dir / "metrics.json").write_text(content)
+    with pytest.raises(HorovodOperatorError, match=message):
+        train_op(output=str(out_dir), aws_conn_id=None).collect_metrics()
+
+
+def test_export_runs_one_process_and_returns_parity(tmp_path):
+    """The export is one process (no horovodrun) and its result comes from parity.json."""
+    program = tmp_path / "fake_export.py"
+    program.write_text(
+        textwrap.dedent("""
+        import json, sys, pathlib
+        args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+        out = pathlib.Path(args["--output"]); out.mkdir(parents=True, exist_ok=True)
+        (out / "model.onnx").write_bytes(b"onnx")
+        passed = args.get("--tolerance", "1e-4") != "0"
+        (out / "parity.json").write_text(json.dumps({"max_abs_diff": 1e-6,
+            "argmax_mismatches": 0, "samples": 8, "tolerance": 1e-4, "passed": passed}))
+        print("exported", args["--checkpoint"])
+        sys.exit(0 if passed else 2)
+    """)
+    )
+    out = tmp_path / "onnx"
+    op = HorovodExportOperator(task_id="export", checkpoint="s3://b/ckpt.pt", output=str(out),
+                               entrypoint=(sys.executable, str(program)), aws_conn_id=None)  # fmt: skip
+    assert op.execute(context()) == {
+        "onnx_uri": f"{out}/model.onnx", "parity_uri": f"{out}/parity.json",
+        "max_abs_diff": 1e-6, "argmax_mismatches": 0, "passed": True,
+    }  # fmt: skip
+    failing = HorovodExportOperator(task_id="export2", checkpoint="c", output=str(out),
+                                    entrypoint=(sys.executable, str(program)), aws_conn_id=None,
+                                    export_args={"tolerance": 0})  # fmt: skip
+    with pytest.raises(HorovodTrainingError, match="exited with code 2"):
+        failing.execute(context())
+
+
+def test_dag_files_using_the_operators_parse_without_torch(tmp_path):
+    dag_file = tmp_path / "dag_with_horovod.py"
+    dag_file.write_text(
+        textwrap.dedent("""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from operators import HorovodExportOperator, HorovodTrainOperator
+        with DAG("hvd_parse_check", start_date=datetime(2026, 1, 1), schedule=None):
+            t = HorovodTrainOperator(task_id="train", num_proc="{{ params.np }}",
+                                     data="s3://b/d", output="s3://b/o",
+                                     launcher="{{ params.launcher }}")
+            e = HorovodExportOperator(task_id="export", checkpoint="s3://b/o/checkpoint.pt",
+                                      output="s3://b/o/onnx", launcher="docker", image="img")
+            t >> e
+    """)
+    )
+    probe = textwrap.dedent(f"""
+        import sys
+        from airflow.dag_processing.dagbag import DagBag
+        bag = DagBag(dag_folder={str(dag_file)!r})
+        assert not bag.import_errors, bag.import_errors
+        assert "hvd_parse_check" in bag.dags, list(bag.dags)
+        import operators.launchers.local, operators.launchers.docker
+        import operators.launchers.kubernetes, operators.triggers
+        heavy = sorted(m for m in ("torch", "horovod", "torchvision", "onnxruntime")
+                       if m in sys.modules)
+        assert not heavy, heavy
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
