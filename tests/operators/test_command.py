@@ -41,12 +41,30 @@ def test_full_horovodrun_command_shape():
         network_interface="eth0",
     )
     assert argv == [
-        "horovodrun", "-np", "4", "-H", "node1:2,node2:2", "-p", "2222",
-        "--ssh-identity-file", "/keys/id", "--network-interface", "eth0",
+        "horovodrun",
+        "-np",
+        "4",
+        "-H",
+        "node1:2,node2:2",
+        "-p",
+        "2222",
+        "--ssh-identity-file",
+        "/keys/id",
+        "--network-interface",
+        "eth0",
         *RANK_ENV_WRAPPER,
-        "python", "-m", "trainer", "train", "--data", "s3://b/datasets/mnist/abc",
-        "--output", "s3://b/runs/x", "--epochs", "2", "--resume",
-    ]  # fmt: skip
+        "python",
+        "-m",
+        "trainer",
+        "train",
+        "--data",
+        "s3://b/datasets/mnist/abc",
+        "--output",
+        "s3://b/runs/x",
+        "--epochs",
+        "2",
+        "--resume",
+    ]
 
 
 def test_optional_flags_are_omitted():
@@ -95,9 +113,13 @@ def test_parse_hosts(hosts, expected):
 
 @pytest.mark.parametrize(
     ("hosts", "message"),
-    [("a:x", "not an integer"), ("a:0", "must be ≥ 1"), (":2", "hostname:slots"),
-     ("a b:2", "hostname:slots")],
-)  # fmt: skip
+    [
+        ("a:x", "not an integer"),
+        ("a:0", "must be ≥ 1"),
+        (":2", "hostname:slots"),
+        ("a b:2", "hostname:slots"),
+    ],
+)
 def test_bad_hosts_are_named(hosts, message):
     with pytest.raises(ValueError, match=message):
         parse_hosts(hosts, 2)
@@ -107,8 +129,15 @@ def test_doctor_and_trainer_detection():
     assert is_our_trainer(("python", "-m", "trainer", "train"))
     assert not is_our_trainer(("python", "-m", "tests.programs.allreduce_program"))
     assert doctor_argv(("python3", "-m", "trainer", "train"), 4, 1) == [
-        "python3", "-m", "trainer", "doctor", "--np", "4", "--gpus-per-proc", "1",
-    ]  # fmt: skip
+        "python3",
+        "-m",
+        "trainer",
+        "doctor",
+        "--np",
+        "4",
+        "--gpus-per-proc",
+        "1",
+    ]
 
 
 def test_forwardable_environ_drops_airflow_and_secrets():

@@ -34,8 +34,14 @@ def train_op(**kwargs) -> HorovodTrainOperator:
 
 def test_template_fields():
     assert set(HorovodTrainOperator.template_fields) == {
-        "launcher", "data", "output_uri", "trainer_args", "env", "image", "num_proc",
-    }  # fmt: skip
+        "launcher",
+        "data",
+        "output_uri",
+        "trainer_args",
+        "env",
+        "image",
+        "num_proc",
+    }
     assert {"checkpoint", "output_uri", "data", "export_args", "env", "image"} <= set(
         HorovodExportOperator.template_fields
     )
@@ -63,8 +69,15 @@ def test_templates_render_and_num_proc_is_validated_after_rendering():
     assert spec.num_proc == 2
     assert spec.argv[:5] == ["horovodrun", "-np", "2", "-H", "localhost:2"]
     assert spec.argv[5:9] == list(RANK_ENV_WRAPPER)
-    assert spec.argv[9:] == [*PROGRAM, "--data", "s3://b/datasets/x", "--output", "s3://b/runs/r1",
-                             "--epochs", "3"]  # fmt: skip
+    assert spec.argv[9:] == [
+        *PROGRAM,
+        "--data",
+        "s3://b/datasets/x",
+        "--output",
+        "s3://b/runs/r1",
+        "--epochs",
+        "3",
+    ]
 
     op.num_proc = "two"  # what a bad template renders to
     with pytest.raises(ValueError, match="num_proc must be an integer ≥ 1, got 'two'"):
@@ -98,8 +111,13 @@ def test_bad_arguments_are_named_at_parse_time(kwargs, message):
 
 def test_export_refuses_kubernetes():
     with pytest.raises(ValueError, match="launcher='kubernetes' is not supported for the export"):
-        HorovodExportOperator(task_id="e", checkpoint="s3://b/c.pt", output="s3://b/o",
-                              launcher="kubernetes", image="img")  # fmt: skip
+        HorovodExportOperator(
+            task_id="e",
+            checkpoint="s3://b/c.pt",
+            output="s3://b/o",
+            launcher="kubernetes",
+            image="img",
+        )
 
 
 def test_exceptions_are_typed_airflow_exceptions_with_tail():
@@ -116,9 +134,16 @@ def test_exceptions_are_typed_airflow_exceptions_with_tail():
     [
         (4, [Host("a", 2)], 0, 8, 0, "num_proc=4 but hosts 'a:2' offer only 2 slots"),
         (2, [Host("localhost", 2)], 1, 8, 1, "needs 2 GPUs, but this machine has 1"),
-        (3, [Host("localhost", 3)], 0, 2, 0, r"num_proc=3 CPU ranks on localhost but os.cpu_count\(\)=2"),
+        (
+            3,
+            [Host("localhost", 3)],
+            0,
+            2,
+            0,
+            r"num_proc=3 CPU ranks on localhost but os.cpu_count\(\)=2",
+        ),
     ],
-)  # fmt: skip
+)
 def test_preflight_slot_checks_name_the_numbers(num_proc, hosts, gpus, cpus, gpu_count, message):
     with pytest.raises(HorovodPreflightError, match=message):
         check_slots(num_proc, hosts, gpus, cpu_count=cpus, gpu_count=gpu_count)
@@ -128,9 +153,14 @@ def test_preflight_slot_checks_name_the_numbers(num_proc, hosts, gpus, cpus, gpu
 def test_preflight_refuses_more_ranks_than_cores_before_launching(tmp_path):
     import os
 
-    op = train_op(num_proc=(os.cpu_count() or 1) + 1, entrypoint=PROGRAM, aws_conn_id=None,
-                  data=str(tmp_path), output=str(tmp_path / "out"))  # fmt: skip
-    with pytest.raises(HorovodPreflightError, match="os.cpu_count"):
+    op = train_op(
+        num_proc=(os.cpu_count() or 1) + 1,
+        entrypoint=PROGRAM,
+        aws_conn_id=None,
+        data=str(tmp_path),
+        output=str(tmp_path / "out"),
+    )
+    with pytest.raises(HorovodPreflightError, match=r"os\.cpu_count"):
         op.execute(context())
 
 
@@ -139,8 +169,12 @@ def test_doctor_failure_stops_the_launch(tmp_path):
     fake_python = tmp_path / "python"
     fake_python.write_text("#!/bin/sh\necho \"doctor: $*\"; echo 'no gloo here' >&2; exit 4\n")
     fake_python.chmod(0o755)
-    op = train_op(entrypoint=(str(fake_python), "-m", "trainer", "train"), aws_conn_id=None,
-                  data=str(tmp_path), output=str(tmp_path / "out"))  # fmt: skip
+    op = train_op(
+        entrypoint=(str(fake_python), "-m", "trainer", "train"),
+        aws_conn_id=None,
+        data=str(tmp_path),
+        output=str(tmp_path / "out"),
+    )
     with pytest.raises(HorovodPreflightError, match="exited 4") as err:
         op.execute(context())
     assert "doctor: -m trainer doctor --np 2 --gpus-per-proc 0" in err.value.log_tail
@@ -155,16 +189,29 @@ def out_dir(tmp_path: Path) -> Path:
 
 
 def test_metrics_are_read_from_metrics_json(out_dir):
-    (out_dir / "metrics.json").write_text(json.dumps({
-        "val_accuracy": 0.97, "val_loss": 0.1, "val_samples": 500, "epochs": 2,
-        "world_size": 2, "artifacts": {"checkpoint": str(out_dir / "checkpoint.pt")},
-    }))  # fmt: skip
+    (out_dir / "metrics.json").write_text(
+        json.dumps(
+            {
+                "val_accuracy": 0.97,
+                "val_loss": 0.1,
+                "val_samples": 500,
+                "epochs": 2,
+                "world_size": 2,
+                "artifacts": {"checkpoint": str(out_dir / "checkpoint.pt")},
+            }
+        )
+    )
     op = train_op(output=str(out_dir), aws_conn_id=None)
     assert op.collect_metrics() == {
-        "val_accuracy": 0.97, "val_loss": 0.1, "val_samples": 500, "epochs": 2,
-        "world_size": 2, "output": str(out_dir), "metrics_uri": f"{out_dir}/metrics.json",
+        "val_accuracy": 0.97,
+        "val_loss": 0.1,
+        "val_samples": 500,
+        "epochs": 2,
+        "world_size": 2,
+        "output": str(out_dir),
+        "metrics_uri": f"{out_dir}/metrics.json",
         "checkpoint_uri": str(out_dir / "checkpoint.pt"),
-    }  # fmt: skip
+    }
 
 
 def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
@@ -181,10 +228,13 @@ def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
         (None, "exited 0 but metrics.json is missing"),
         ("not json", "is not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
-        ('{"val_loss": 0.1}', r"has no 'val_accuracy' \(metric_key\); keys present: \['val_loss'\]"),
+        (
+            '{"val_loss": 0.1}',
+            r"has no 'val_accuracy' \(metric_key\); keys present: \['val_loss'\]",
+        ),
         ('{"val_accuracy": "high"}', "val_accuracy in .* must be a number"),
     ],
-)  # fmt: skip
+)
 def test_bad_metrics_raise_typed_errors(out_dir, content, message):
     if content is not None:
         (out_dir / "metrics.json").write_text(content)
@@ -209,15 +259,28 @@ def test_export_runs_one_process_and_returns_parity(tmp_path):
     """)
     )
     out = tmp_path / "onnx"
-    op = HorovodExportOperator(task_id="export", checkpoint="s3://b/ckpt.pt", output=str(out),
-                               entrypoint=(sys.executable, str(program)), aws_conn_id=None)  # fmt: skip
+    op = HorovodExportOperator(
+        task_id="export",
+        checkpoint="s3://b/ckpt.pt",
+        output=str(out),
+        entrypoint=(sys.executable, str(program)),
+        aws_conn_id=None,
+    )
     assert op.execute(context()) == {
-        "onnx_uri": f"{out}/model.onnx", "parity_uri": f"{out}/parity.json",
-        "max_abs_diff": 1e-6, "argmax_mismatches": 0, "passed": True,
-    }  # fmt: skip
-    failing = HorovodExportOperator(task_id="export2", checkpoint="c", output=str(out),
-                                    entrypoint=(sys.executable, str(program)), aws_conn_id=None,
-                                    export_args={"tolerance": 0})  # fmt: skip
+        "onnx_uri": f"{out}/model.onnx",
+        "parity_uri": f"{out}/parity.json",
+        "max_abs_diff": 1e-6,
+        "argmax_mismatches": 0,
+        "passed": True,
+    }
+    failing = HorovodExportOperator(
+        task_id="export2",
+        checkpoint="c",
+        output=str(out),
+        entrypoint=(sys.executable, str(program)),
+        aws_conn_id=None,
+        export_args={"tolerance": 0},
+    )
     with pytest.raises(HorovodTrainingError, match="exited with code 2"):
         failing.execute(context())
 
@@ -251,6 +314,7 @@ def test_dag_files_using_the_operators_parse_without_torch(tmp_path):
         assert not heavy, heavy
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
