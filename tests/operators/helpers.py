@@ -31,3 +31,15 @@ def put_eval_set(s3: Any, bucket: str, prefix: str, n: int = 40) -> tuple[str, f
     )
     accuracy = sum(a == b for a, b in zip(labels, predictions, strict=True)) / n
     return f"s3://{bucket}/{prefix}", accuracy
+
+
+class LineLog:
+    """A logger double for launchers: keeps each formatted message."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _add(self, msg: str, *args: Any) -> None:
+        self.lines.append(msg % args if args else msg)
+
+    info = warning = error = debug = _add

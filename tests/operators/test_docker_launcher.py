@@ -1,0 +1,249 @@
+"""Docker launcher with the engine client patched where it is imported (no Docker engine on
+the test machine; a real podman run is a separate, engine-marked test elsewhere).
+
+The client double records calls and serves a scripted attach stream and exit status; the
+host config is built by docker-py's real ``HostConfig`` so the asserted spec is the one the
+engine would receive.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from unittest import mock
+
+import docker
+import pytest
+import requests
+from docker.types import Mount
+
+from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
+from operators.command import RANK_ENV_WRAPPER
+from operators.launchers.docker import DockerLauncher, split_mounts
+from operators.launchers.base import JobSpec
+from tests.operators.helpers import PROGRAM, LineLog, context
+
+SECRET = "docker-test-secret-value"
+
+
+class FakeDockerClient:
+    """The slice of ``docker.APIClient`` the launcher uses."""
+
+    def __init__(self, chunks: list[bytes], status: dict[str, Any] | Exception, block=None):
+        self.chunks, self.status, self.block = chunks, status, block
+        self.calls: list[tuple[str, Any]] = []
+        self.created: dict[str, Any] = {}
+
+    def create_host_config(self, **kwargs: Any) -> Any:
+        return docker.types.HostConfig(version="1.43", **kwargs)
+
+    def create_container(self, **kwargs: Any) -> dict[str, str]:
+        self.created = kwargs
+        self.calls.append(("create", kwargs["name"]))
+        return {"Id": "c0ffee" * 10}
+
+    def attach(self, cid: str, **kwargs: Any):
+        self.calls.append(("attach", kwargs))
+        return iter(self.chunks)
+
+    def start(self, cid: str) -> None:
+        self.calls.append(("start", cid))
+
+    def wait(self, cid: str, timeout=None):
+        self.calls.append(("wait", timeout))
+        if self.block is not None:
+            self.block.wait(30)
+        if isinstance(self.status, Exception):
+            raise self.status
+        return self.status
+
+    def stop(self, cid: str, timeout=None) -> None:
+        self.calls.append(("stop", cid))
+        if self.block is not None:
+            self.block.set()
+
+    def remove_container(self, cid: str, force=False) -> None:
+        self.calls.append(("remove", force))
+
+
+def spec(**kw: Any) -> JobSpec:
+    base = dict(
+        name="hvd-train-1234",
+        argv=[*PROGRAM, "--data", "s3://b/d", "--output", "s3://b/o"],
+        env={"AWS_ENDPOINT_URL": "http://minio:9000"},
+        secret_env={"AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"},
+        num_proc=2,
+        gpus_per_proc=1,
+        timeout=600,
+    )
+    return JobSpec(**{**base, **kw})
+
+
+def launcher(client: FakeDockerClient, **kw: Any) -> DockerLauncher:
+    return DockerLauncher(image="hva/trainer:1", client=client, **kw)
+
+
+def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
+    client = FakeDockerClient([b"[0]<stdout>:hello\n[1]<stdout>:hi\n"], {"StatusCode": 0})
+    log = LineLog()
+    mounts = [
+        "/work/main:/work/main:ro",
+        Mount("/opt/venv", "/opt/venv", type="bind", read_only=True),
+    ]
+    result = launcher(client, mounts=mounts, shm_size="2g").run(spec(), log)
+
+    created = client.created
+    assert created["image"] == "hva/trainer:1"
+    assert created["command"][:2] == ["sh", "-c"]
+    assert "AWS_SECRET_ACCESS_KEY" in created["command"][2]  # the stash script names it...
+    assert created["command"][3:] == [
+        "hva-launch",
+        "horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        *RANK_ENV_WRAPPER,
+        *PROGRAM,
+        "--data",
+        "s3://b/d",
+        "--output",
+        "s3://b/o",
+    ]
+    assert SECRET not in " ".join(created["command"])  # ...but never holds the value
+    assert created["environment"]["AWS_SECRET_ACCESS_KEY"] == SECRET  # container env only
+    assert created["environment"]["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    host = created["host_config"]
+    assert host["DeviceRequests"] == [
+        {"Driver": "", "Count": 2, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}
+    ]
+    assert host["IpcMode"] == "host"
+    assert host["ShmSize"] == 2 * 1024**3
+    assert host["Binds"] == ["/work/main:/work/main:ro"]
+    assert host["Mounts"][0]["Source"] == "/opt/venv" and host["Mounts"][0]["ReadOnly"]
+    # create → attach(stream, logs) → start → wait → remove, in that order
+    assert [c[0] for c in client.calls] == ["create", "attach", "start", "wait", "remove"]
+    assert client.calls[1][1]["stream"] and client.calls[1][1]["logs"]
+    assert [ln for ln in log.lines if not ln.startswith("created")] == [
+        "[0]<stdout>:hello",
+        "[1]<stdout>:hi",
+    ]
+    assert result.exit_code == 0
+
+
+def test_cpu_job_requests_no_gpus():
+    client = FakeDockerClient([], {"StatusCode": 0})
+    launcher(client).run(spec(gpus_per_proc=0), LineLog())
+    assert client.created["host_config"].get("DeviceRequests") is None
+
+
+def test_lines_split_across_chunks_and_secrets_redacted():
+    chunks = [b"[0]<stdout>:par", b"tial line\n[0]<stdout>:key " + SECRET.encode() + b"\n", b"end"]
+    client = FakeDockerClient(chunks, {"StatusCode": 0})
+    log = LineLog()
+    launcher(client).run(spec(), log)
+    assert [ln for ln in log.lines if not ln.startswith("created")] == [
+        "[0]<stdout>:partial line",
+        "[0]<stdout>:key ***",
+        "end",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cleanup", "status", "removed"),
+    [
+        ("delete", 3, True),
+        ("delete_on_success", 3, False),
+        ("delete_on_success", 0, True),
+        ("keep", 0, False),
+    ],
+)
+def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, removed):
+    chunks = [b"[1]<stderr>:CUDA error: out of memory\n", b"Process name: 1\nExit code: 3\n"]
+    client = FakeDockerClient(chunks, {"StatusCode": status})
+    run = lambda: launcher(client, cleanup=cleanup).run(spec(), LineLog())  # noqa: E731
+    if status:
+        with pytest.raises(HorovodTrainingError, match="rank 1 failed first") as err:
+            run()
+        assert err.value.exit_code == 3
+        assert "[1]<stderr>:CUDA error: out of memory" in err.value.log_tail
+    else:
+        run()
+    assert (("remove", True) in client.calls) is removed
+
+
+def test_timeout_stops_the_container():
+    client = FakeDockerClient([b"slow\n"], requests.exceptions.ReadTimeout("read timed out"))
+    with pytest.raises(HorovodTimeoutError) as err:
+        launcher(client).run(spec(timeout=5), LineLog())
+    assert err.value.timeout == 5
+    assert ("wait", 5) in client.calls
+    assert [c[0] for c in client.calls][-2:] == ["stop", "remove"]
+
+
+def test_on_kill_stops_the_running_container_and_is_idempotent():
+    block = threading.Event()
+    client = FakeDockerClient([b"running\n"], {"StatusCode": 137}, block=block)
+    dl = launcher(client)
+    dl.kill()  # nothing started yet → no-op apart from refusing to start later
+    assert client.calls == []
+    dl = launcher(client)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            dl.run(spec(), LineLog())
+        except BaseException as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    for _ in range(100):
+        if ("wait", 600) in client.calls:
+            break
+        threading.Event().wait(0.05)
+    dl.kill()
+    dl.kill()
+    worker.join(10)
+    assert isinstance(errors[0], HorovodTrainingError) and "on_kill" in str(errors[0])
+    assert client.calls.count(("stop", "c0ffee" * 10)) >= 1
+    assert client.calls[-1] == ("remove", True)
+
+
+def test_operator_uses_docker_hook_with_injectable_url(s3_server):
+    """The operator builds the client through the provider's DockerHook (patched where it is
+    imported), with docker_url / docker_conn_id passed through, and reads metrics after."""
+    import json
+
+    client = FakeDockerClient([b"[0]<stdout>:done\n"], {"StatusCode": 0})
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(
+        Bucket=bucket, Key="out/metrics.json", Body=json.dumps({"val_accuracy": 0.9}).encode()
+    )
+    op = HorovodTrainOperator(
+        task_id="train",
+        launcher="docker",
+        image="hva/trainer:1",
+        num_proc=2,
+        entrypoint=PROGRAM,
+        data=f"s3://{bucket}/d",
+        output=f"s3://{bucket}/out",
+        docker_url="unix:///run/podman/podman.sock",
+        docker_conn_id=None,
+    )
+    with mock.patch("operators.launchers.docker.DockerHook") as hook_cls:
+        hook_cls.return_value.get_conn.return_value = client
+        result = op.execute(context())
+    hook_cls.assert_called_once_with(docker_conn_id=None, base_url="unix:///run/podman/podman.sock")
+    assert result["val_accuracy"] == 0.9
+    env = client.created["environment"]
+    assert env["AWS_SECRET_ACCESS_KEY"] == s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    assert env["AWS_ENDPOINT_URL"] == s3_server.endpoint
+    assert s3_server.env["AWS_SECRET_ACCESS_KEY"] not in " ".join(client.created["command"])
+
+
+def test_bad_mount_is_named():
+    with pytest.raises(ValueError, match="mount '/a' must be 'host_path:container_path"):
+        split_mounts(["/a"])
+    with pytest.raises(ValueError, match="mode must be 'ro' or 'rw'"):
+        split_mounts(["/a:/b:rx"])

@@ -1,0 +1,312 @@
+"""Kubernetes (Kubeflow MPIJob) launcher and its trigger, with the provider hook patched where
+it is imported: there is no cluster on the test machine. The hook double keeps the created
+objects and serves scripted MPIJob conditions and a launcher pod log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+from kubernetes.client.exceptions import ApiException
+
+from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
+from operators.command import RANK_ENV_WRAPPER
+from operators.launchers.base import JobSpec
+from operators.launchers.kubernetes import KubernetesLauncher, build_mpijob, mpijob_phase
+from operators.triggers import MPIJobTrigger
+from tests.operators.helpers import PROGRAM, LineLog, context
+
+SECRET = "k8s-test-secret-value"
+RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
+SUCCEEDED = {
+    "status": {
+        "conditions": [
+            {"type": "Running", "status": "False"},
+            {"type": "Succeeded", "status": "True"},
+        ]
+    }
+}
+FAILED = {
+    "status": {
+        "conditions": [
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "launcher failed",
+            }
+        ]
+    }
+}
+
+
+class FakeCore:
+    def __init__(self, log_text: str) -> None:
+        self.secrets: dict[str, Any] = {}
+        self.deleted: list[str] = []
+        self.log_text = log_text
+        self.selectors: list[str] = []
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        self.secrets[body["metadata"]["name"]] = body
+
+    def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.secrets[name]["metadata"].update(body["metadata"])
+
+    def delete_namespaced_secret(self, name: str, namespace: str) -> None:
+        if name not in self.secrets:
+            raise ApiException(status=404)
+        del self.secrets[name]
+        self.deleted.append(name)
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
+        self.selectors.append(label_selector)
+        pod = SimpleNamespace(metadata=SimpleNamespace(name="job-launcher-abc"))
+        return SimpleNamespace(items=[pod])
+
+    def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
+        return self.log_text
+
+
+class FakeHook:
+    def __init__(self, phases: list[dict[str, Any]], log_text: str = "") -> None:
+        self.phases = list(phases)
+        self.core_v1_client = FakeCore(log_text)
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+
+    def get_namespace(self) -> str:
+        return "ml"
+
+    def create_custom_object(self, group, version, plural, body, namespace=None):
+        assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
+        self.objects[body["metadata"]["name"]] = body
+        return {**body, "metadata": {**body["metadata"], "uid": "uid-123"}}
+
+    def get_custom_object(self, group, version, plural, name, namespace=None):
+        if name not in self.objects:
+            raise ApiException(status=404)
+        return self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+
+    def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
+        if name not in self.objects:
+            raise ApiException(status=404)
+        del self.objects[name]
+        self.deleted.append(name)
+
+
+def spec(**kw: Any) -> JobSpec:
+    base = dict(
+        name="hvd-train-1234",
+        argv=[*PROGRAM, "--data", "s3://b/d", "--output", "s3://b/o"],
+        env={"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_DEFAULT_REGION": "us-east-1"},
+        secret_env={"AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"},
+        num_proc=4,
+        gpus_per_proc=1,
+        timeout=3600,
+    )
+    return JobSpec(**{**base, **kw})
+
+
+def test_mpijob_manifest():
+    body = build_mpijob(spec(), image="hva/trainer:1", namespace="ml", slots_per_worker=2)
+    assert body["apiVersion"] == "kubeflow.org/v2beta1" and body["kind"] == "MPIJob"
+    assert body["spec"]["slotsPerWorker"] == 2
+    assert body["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    assert replicas["Worker"]["replicas"] == 2 and replicas["Launcher"]["replicas"] == 1
+    assert worker["resources"] == {"limits": {"nvidia.com/gpu": 2}}  # 1 GPU × 2 slots
+    assert "resources" not in launcher
+    hosts = "hvd-train-1234-worker-0.hvd-train-1234.ml.svc:2,hvd-train-1234-worker-1.hvd-train-1234.ml.svc:2"
+    assert launcher["command"] == [
+        "horovodrun",
+        "-np",
+        "4",
+        "-H",
+        hosts,
+        *RANK_ENV_WRAPPER,
+        *PROGRAM,
+        "--data",
+        "s3://b/d",
+        "--output",
+        "s3://b/o",
+    ]
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    assert env["HVA_RANK_ENV_FILE"] == "/etc/hva-rank-env/rank.env"
+    assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_ACCESS_KEY_ID" not in env
+    for role in ("Launcher", "Worker"):
+        pod = replicas[role]["template"]["spec"]
+        assert pod["volumes"][0]["secret"]["secretName"] == "hvd-train-1234-rank-env"
+        assert pod["containers"][0]["volumeMounts"][0]["readOnly"] is True
+    # The credentials are nowhere in the manifest: only in the Secret.
+    assert SECRET not in json.dumps(body) and "AKIAEXAMPLE" not in json.dumps(body)
+
+
+def test_cpu_job_requests_no_gpus_and_bad_slots_are_named():
+    body = build_mpijob(spec(gpus_per_proc=0), image="i", namespace="ml", slots_per_worker=1)
+    worker = body["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert (
+        worker["replicas"] == 4 and "resources" not in worker["template"]["spec"]["containers"][0]
+    )
+    with pytest.raises(ValueError, match="num_proc=4 is not a multiple of slots_per_worker=3"):
+        build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=3)
+
+
+@pytest.mark.parametrize(
+    ("obj", "phase"),
+    [(None, "running"), (RUNNING, "running"), (SUCCEEDED, "succeeded"), (FAILED, "failed")],
+)
+def test_mpijob_phase(obj, phase):
+    assert mpijob_phase(obj)[0] == phase
+
+
+def launcher(hook: FakeHook, **kw: Any) -> KubernetesLauncher:
+    kw.setdefault("poll_interval", 0.01)
+    return KubernetesLauncher(image="hva/trainer:1", hook=hook, slots_per_worker=2, **kw)
+
+
+def test_polling_success_creates_secret_surfaces_log_and_cleans_up():
+    hook = FakeHook([RUNNING, RUNNING, SUCCEEDED], log_text="[0]<stdout>:epoch 1\n[0]<stdout>:done")
+    log = LineLog()
+    result = launcher(hook).run(spec(), log)
+    assert result.exit_code == 0
+    assert "[0]<stdout>:epoch 1" in log.lines
+    secret = hook.core_v1_client.secrets.get("hvd-train-1234-rank-env") or {}
+    assert hook.deleted == ["hvd-train-1234"]  # delete_on_success
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+    assert secret == {}  # deleted with the job
+    assert hook.core_v1_client.selectors == [
+        "training.kubeflow.org/job-name=hvd-train-1234,training.kubeflow.org/job-role=launcher"
+    ]
+
+
+def test_secret_holds_the_rank_env_and_is_owned_by_the_job():
+    hook = FakeHook([RUNNING])
+    launcher(hook).submit(spec(), LineLog())
+    secret = hook.core_v1_client.secrets["hvd-train-1234-rank-env"]
+    assert f"AWS_SECRET_ACCESS_KEY={SECRET}" in secret["stringData"]["rank.env"]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-123"
+
+
+def test_failure_raises_with_launcher_log_and_keeps_the_job():
+    log_text = "[2]<stderr>:RuntimeError: NCCL error\nProcess name: 2\nExit code: 1"
+    hook = FakeHook([RUNNING, FAILED], log_text=log_text)
+    with pytest.raises(HorovodTrainingError, match="BackoffLimitExceeded") as err:
+        launcher(hook).run(spec(), LineLog())
+    assert "[2]<stderr>:RuntimeError: NCCL error" in err.value.log_tail
+    assert "rank 2 failed first" in str(err.value)
+    assert hook.deleted == []  # delete_on_success keeps a failed job for inspection
+
+
+def test_timeout_raises_and_delete_policy_removes():
+    hook = FakeHook([RUNNING])
+    with pytest.raises(HorovodTimeoutError):
+        launcher(hook, cleanup="delete").run(spec(timeout=0.05), LineLog())
+    assert hook.deleted == ["hvd-train-1234"]
+
+
+def test_on_kill_deletes_job_and_secret_idempotently():
+    hook = FakeHook([RUNNING])
+    kl = launcher(hook)
+    kl.kill()  # nothing submitted: no-op
+    kl.submit(spec(), LineLog())
+    kl.kill()
+    kl.kill()
+    assert hook.deleted == ["hvd-train-1234"]
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+
+
+def test_trigger_serialize_round_trip():
+    trig = MPIJobTrigger(
+        name="j",
+        namespace="ml",
+        kubernetes_conn_id="k8s",
+        poll_interval=3,
+        timeout=60,
+        started_at=1000.0,
+    )
+    path, kwargs = trig.serialize()
+    assert path == "operators.triggers.MPIJobTrigger"
+    json.dumps(kwargs)  # JSON-able
+    module, _, name = path.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    assert cls(**kwargs).serialize() == (path, kwargs)
+
+
+async def _events(trigger: MPIJobTrigger) -> list[Any]:
+    return [event async for event in trigger.run()]
+
+
+@pytest.mark.parametrize(
+    ("phases", "timeout", "status"),
+    [
+        ([RUNNING, RUNNING, SUCCEEDED], None, "success"),
+        ([RUNNING, FAILED], None, "failed"),
+        ([RUNNING], 0.05, "timeout"),
+    ],
+)
+def test_trigger_run_yields_exactly_one_event(phases, timeout, status):
+    hook = FakeHook(phases)
+    hook.objects["j"] = {}
+    trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01, timeout=timeout)
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        events = asyncio.run(_events(trig))
+    assert len(events) == 1
+    assert events[0].payload["status"] == status
+    assert events[0].payload["name"] == "j" and events[0].payload["namespace"] == "ml"
+
+
+def test_trigger_reports_api_errors_as_one_event():
+    hook = FakeHook([RUNNING])  # no object "j" → 404
+    trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01)
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        events = asyncio.run(_events(trig))
+    assert [e.payload["status"] for e in events] == ["error"]
+
+
+def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(
+        Bucket=bucket,
+        Key="out/metrics.json",
+        Body=json.dumps({"val_accuracy": 0.95, "world_size": 4}).encode(),
+    )
+    op = HorovodTrainOperator(
+        task_id="train",
+        launcher="kubernetes",
+        image="hva/trainer:1",
+        num_proc=4,
+        slots_per_worker=2,
+        gpus_per_proc=1,
+        entrypoint=PROGRAM,
+        deferrable=True,
+        data=f"s3://{bucket}/d",
+        output=f"s3://{bucket}/out",
+        namespace="ml",
+    )
+    hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:trained")
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context())
+        trigger = deferred.value.trigger
+        assert isinstance(trigger, MPIJobTrigger)
+        assert deferred.value.method_name == "execute_complete"
+        kwargs = deferred.value.kwargs
+        assert s3_server.env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(kwargs)
+        (name,) = hook.objects
+        s3_secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
+        assert s3_secret not in json.dumps(hook.objects[name])
+        rank_env = hook.core_v1_client.secrets[f"{name}-rank-env"]["stringData"]["rank.env"]
+        assert f"AWS_SECRET_ACCESS_KEY={s3_secret}" in rank_env
+        event = asyncio.run(_events(trigger))[0].payload
+        result = op.execute_complete(context(), event=event, **kwargs)
+    assert result["val_accuracy"] == 0.95 and result["world_size"] == 4
+    assert hook.deleted == [name]
