@@ -12,15 +12,13 @@ import threading
 from typing import Any
 from unittest import mock
 
-import docker
 import pytest
 import requests
-from docker.types import Mount
 
 from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
 from operators.command import RANK_ENV_WRAPPER
-from operators.launchers.docker import DockerLauncher, split_mounts
 from operators.launchers.base import JobSpec
+from operators.launchers.docker import DockerLauncher, split_mounts
 from tests.operators.helpers import PROGRAM, LineLog, context
 
 SECRET = "docker-test-secret-value"
@@ -35,7 +33,11 @@ class FakeDockerClient:
         self.created: dict[str, Any] = {}
 
     def create_host_config(self, **kwargs: Any) -> Any:
-        return docker.types.HostConfig(version="1.43", **kwargs)
+        # docker-py's real HostConfig (imported here: the repo's docker/ folder would make
+        # ruff's isort file a top-level ``import docker`` as first-party)
+        from docker.types import HostConfig
+
+        return HostConfig(version="1.43", **kwargs)
 
     def create_container(self, **kwargs: Any) -> dict[str, str]:
         self.created = kwargs
@@ -85,6 +87,8 @@ def launcher(client: FakeDockerClient, **kw: Any) -> DockerLauncher:
 
 def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
     client = FakeDockerClient([b"[0]<stdout>:hello\n[1]<stdout>:hi\n"], {"StatusCode": 0})
+    from docker.types import Mount
+
     log = LineLog()
     mounts = [
         "/work/main:/work/main:ro",

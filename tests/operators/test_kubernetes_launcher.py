@@ -124,7 +124,7 @@ def test_mpijob_manifest():
     assert replicas["Worker"]["replicas"] == 2 and replicas["Launcher"]["replicas"] == 1
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 2}}  # 1 GPU × 2 slots
     assert "resources" not in launcher
-    hosts = "hvd-train-1234-worker-0.hvd-train-1234.ml.svc:2,hvd-train-1234-worker-1.hvd-train-1234.ml.svc:2"
+    hosts = ",".join(f"hvd-train-1234-worker-{i}.hvd-train-1234.ml.svc:2" for i in (0, 1))
     assert launcher["command"] == [
         "horovodrun",
         "-np",
