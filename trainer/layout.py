@@ -152,12 +152,14 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
     files = m.get("files")
     if not isinstance(files, list) or not files:
         raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")
-    for e in files:
+    for entry in files:
         for field in ("name", "split", "kind", "size", "sha256", "samples"):
-            if field not in e:
-                raise DatasetError(f"{MANIFEST_NAME}: file entry {e.get('name')!r} lacks {field!r}")
-        if "/" in e["name"] or e["name"].startswith("."):
-            raise DatasetError(f"{MANIFEST_NAME}: file name {e['name']!r} must be a plain name")
+            if field not in entry:
+                raise DatasetError(
+                    f"{MANIFEST_NAME}: file entry {entry.get('name')!r} lacks {field!r}"
+                )
+        if "/" in entry["name"] or entry["name"].startswith("."):
+            raise DatasetError(f"{MANIFEST_NAME}: file name {entry['name']!r} must be a plain name")
     if content_hash(files) != m.get("content_hash"):
         raise DatasetError(f"{MANIFEST_NAME}: 'content_hash' does not match its file entries")
     return m
@@ -166,7 +168,7 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
 def entry_for(manifest: dict[str, Any], split: str, kind: str) -> dict[str, Any]:
     for e in manifest["files"]:
         if e["split"] == split and e["kind"] == kind:
-            return e  # type: ignore[no-any-return]
+            return e
     raise DatasetError(f"manifest of {manifest.get('name')!r} has no {split} {kind} file")
 
 

@@ -78,7 +78,9 @@ def s3_client(**kwargs: Any) -> Any:
     from botocore.config import Config
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    config = Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"})
+    config = Config(
+        retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}
+    )
     return boto3.client("s3", endpoint_url=endpoint or None, config=config, **kwargs)
 
 
@@ -164,7 +166,9 @@ def upload_file(local_path: str | os.PathLike[str], uri: str, *, client: Any | N
     return uri
 
 
-def download_file(uri: str, local_path: str | os.PathLike[str], *, client: Any | None = None) -> Path:
+def download_file(
+    uri: str, local_path: str | os.PathLike[str], *, client: Any | None = None
+) -> Path:
     """Copy ``uri`` to a local file, atomically (a partial download never has the final name)."""
     dest = Path(local_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -192,9 +196,7 @@ def copy(src_uri: str, dest_uri: str, *, client: Any | None = None) -> str:
     """Copy one object; server-side when both ends are in S3."""
     src, dest = parse(src_uri), parse(dest_uri)
     if src.is_s3 and dest.is_s3:
-        _client(client).copy(
-            {"Bucket": src.bucket, "Key": src.key}, dest.bucket, dest.key
-        )
+        _client(client).copy({"Bucket": src.bucket, "Key": src.key}, dest.bucket, dest.key)
         return dest_uri
     if not src.is_s3:
         return upload_file(src.key, dest_uri, client=client)
@@ -233,9 +235,7 @@ def ensure_bucket(uri: str, *, client: Any | None = None) -> bool:
         pass
     region = c.meta.region_name
     if region and region != "us-east-1":
-        c.create_bucket(
-            Bucket=loc.bucket, CreateBucketConfiguration={"LocationConstraint": region}
-        )
+        c.create_bucket(Bucket=loc.bucket, CreateBucketConfiguration={"LocationConstraint": region})
     else:
         c.create_bucket(Bucket=loc.bucket)
     return True

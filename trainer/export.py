@@ -1,0 +1,130 @@
+"""Export a checkpoint to one self-contained ONNX file and prove it computes what PyTorch does.
+
+``python -m trainer export --checkpoint URI --output URI [--data URI] [--samples N]`` writes
+``<output>/model.onnx`` (dynamic batch axis, weights embedded — no ``.onnx.data`` sidecar)
+and ``<output>/parity.json``. Parity: onnxruntime and PyTorch (float32, eval mode) on held-out
+test images; the export fails — exit 1, no ``model.onnx`` written — when any logit differs by
+more than ``TOLERANCE`` or any predicted class differs.
+
+The model input is ``image``: float32 ``[batch, 1, 28, 28]``, ``(pixel / 255 - mean) / std``
+with mean/std from ``trainer.model`` (also stored in the ONNX metadata); the output is
+``logits`` ``[batch, 10]``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainer import data, storage
+from trainer.config import TrainConfig
+from trainer.model import INPUT_SHAPE, NORMALIZE_MEAN, NORMALIZE_STD, build_model
+from trainer.train import load_checkpoint
+
+TOLERANCE = 1e-4
+MODEL_NAME = "model.onnx"
+PARITY_NAME = "parity.json"
+
+
+class ParityError(RuntimeError):
+    """onnxruntime and PyTorch disagree beyond the tolerance."""
+
+
+def export_onnx(model: Any, path: Path, metadata: dict[str, str]) -> None:
+    """Write ``model`` (eval mode) as one ONNX file with a dynamic batch axis; check it."""
+    import onnx
+    import torch
+
+    example = torch.zeros(2, *INPUT_SHAPE)
+    torch.onnx.export(
+        model,
+        (example,),
+        str(path),
+        dynamo=True,
+        external_data=False,  # one self-contained file, no .onnx.data sidecar
+        input_names=["image"],
+        output_names=["logits"],
+        dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
+    )
+    proto = onnx.load(str(path))
+    for key, value in metadata.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(proto, full_check=True)
+    onnx.save(proto, str(path))
+
+
+def parity(model: Any, onnx_path: Path, images: Any, labels: Any) -> dict[str, Any]:
+    """Compare onnxruntime with PyTorch float32 on ``images``; also run batch size 1."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    with torch.inference_mode():
+        expected = model(images).float().numpy()
+    got = session.run(["logits"], {"image": images.numpy()})[0]
+    single = session.run(["logits"], {"image": images[:1].numpy()})[0]
+    diff = float(max(np.abs(got - expected).max(), np.abs(single - expected[:1]).max()))
+    mismatches = int((got.argmax(1) != expected.argmax(1)).sum())
+    return {
+        "max_abs_diff": diff,
+        "argmax_mismatches": mismatches,
+        "samples": int(images.shape[0]),
+        "tolerance": TOLERANCE,
+        "passed": diff <= TOLERANCE and mismatches == 0,
+        "onnx_accuracy": float((got.argmax(1) == labels.numpy()).mean()),
+        "torch_accuracy": float((expected.argmax(1) == labels.numpy()).mean()),
+    }
+
+
+def run_export(
+    checkpoint: str, output: str, data_uri: str = "", samples: int = 1000, cache_dir: str = ""
+) -> dict[str, Any]:
+    """Export and check; write ``model.onnx`` (only when parity holds) and ``parity.json``."""
+    import torch
+
+    state = load_checkpoint(checkpoint)
+    config = TrainConfig.from_dict(state["config"])
+    model = build_model(config.model)
+    model.load_state_dict(state["model"])
+    model = model.float().eval()
+
+    dataset = data.fetch_dataset(data_uri or state["dataset"]["uri"], cache_dir)
+    images, labels = data.load_split(dataset, "test", samples)
+    torch.manual_seed(0)
+    metadata = {
+        "producer": "horovod-airflow trainer",
+        "model": config.model,
+        "input": "image: float32 [batch, 1, 28, 28], (pixel / 255 - mean) / std",
+        "output": "logits: float32 [batch, 10]",
+        "normalize_mean": str(NORMALIZE_MEAN),
+        "normalize_std": str(NORMALIZE_STD),
+        "checkpoint": checkpoint,
+        "epoch": str(state["epoch"]),
+        "dataset_content_hash": str(state["dataset"]["content_hash"]),
+    }
+    with tempfile.TemporaryDirectory(prefix="hva-export-") as tmp:
+        path = Path(tmp) / MODEL_NAME
+        export_onnx(model, path, metadata)
+        extra = sorted(p.name for p in Path(tmp).iterdir() if p.name != MODEL_NAME)
+        if extra:
+            raise RuntimeError(f"ONNX export wrote side files {extra}; expected one file")
+        report = parity(model, path, images, labels)
+        report.update(
+            checkpoint=checkpoint,
+            dataset=dataset.uri,
+            model_bytes=path.stat().st_size,
+            model_uri=storage.join(output, MODEL_NAME),
+        )
+        storage.write_text(storage.join(output, PARITY_NAME), json.dumps(report, indent=2))
+        if not report["passed"]:
+            raise ParityError(
+                f"ONNX parity failed on {report['samples']} test images: max |diff| "
+                f"{report['max_abs_diff']:.3g} (tolerance {TOLERANCE}), "
+                f"{report['argmax_mismatches']} argmax mismatches; model.onnx not written"
+            )
+        storage.upload_file(path, report["model_uri"])
+    return report

@@ -1,0 +1,520 @@
+"""The training loop of one Horovod rank: ``python -m trainer train`` (see ``trainer.cli``).
+
+Launch (one process per GPU, or per CPU share)::
+
+    horovodrun -np 2 -H localhost:2 python -m trainer train \\
+        --data s3://bucket/datasets/mnist/<hash16> --output s3://bucket/runs/<dag_id>/<run_id>
+
+Lines that make the job distributed are marked ``# Horovod:``. Rank 0 alone logs, checkpoints
+and writes artifacts; every metric is allreduced before anyone reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainer import data, storage
+from trainer.config import TrainConfig, lr_at
+from trainer.layout import DatasetError, DatasetIntegrityError
+from trainer.model import build_model
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+CHECKPOINT_NAME = "checkpoint.pt"
+METRICS_NAME = "metrics.json"
+CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (inconsistent ranks, incompatible checkpoint, too little data)."""
+
+
+class RankDivergenceError(TrainingError):
+    """Ranks hold different parameters: the distributed update is broken."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What this rank resolved from the hardware it found (saved next to the config)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: str  # "cpu" or "cuda:<i>"
+    threads: int  # torch intra-op threads of this rank
+    precision: str  # resolved: fp32 | bf16
+    channels_last: bool  # resolved
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+
+def log(rt: Runtime, message: str) -> None:
+    if rt.is_primary:
+        print(f"[trainer] {message}", file=sys.stderr, flush=True)
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX); else autocast is emulated."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(config: TrainConfig, device: torch.device) -> tuple[str, bool]:
+    """Turn ``auto`` into a choice for this hardware.
+
+    Measured on the 2-core AMD EPYC (AVX2, no bf16) dev machine, one thread, this CNN,
+    fwd+bwd+Adam: bf16 autocast is ~8x *slower* than fp32 (emulated), channels-last is
+    within noise of NCHW. So: bf16 only on hardware with native bf16 (CUDA with bf16
+    support, CPUs with AVX512-BF16/AMX), where channels-last is what the bf16 kernels favor.
+    """
+    import torch
+
+    native_bf16 = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
+    precision = (
+        config.precision if config.precision != "auto" else ("bf16" if native_bf16 else "fp32")
+    )
+    if config.channels_last == "auto":
+        channels_last = device.type == "cuda" or precision == "bf16"
+    else:
+        channels_last = config.channels_last == "on"
+    return precision, channels_last
+
+
+def setup_runtime(config: TrainConfig) -> tuple[Runtime, torch.device]:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()  # Horovod: join the other ranks
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())  # Horovod: pin one GPU per local rank
+        device = torch.device("cuda", hvd.local_rank())
+        threads = torch.get_num_threads()
+    else:
+        device = torch.device("cpu")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 1) // hvd.local_size())  # Horovod: share the node's cores
+        torch.set_num_threads(threads)
+    precision, channels_last = resolve_precision(config, device)
+    rt = Runtime(
+        rank=hvd.rank(),
+        size=hvd.size(),
+        local_rank=hvd.local_rank(),
+        local_size=hvd.local_size(),
+        device=str(device),
+        threads=threads,
+        precision=precision,
+        channels_last=channels_last,
+    )
+    return rt, device
+
+
+def stage_dataset(config: TrainConfig, rt: Runtime) -> data.LocalDataset:
+    """Local rank 0 fetches and verifies the dataset into the node cache; the others wait.
+
+    Every rank learns every node's outcome, so a corrupted file stops all ranks with the
+    same message instead of some training on bad data.
+    """
+    import horovod.torch as hvd
+
+    outcome: tuple[str, Any] | None = None
+    if rt.local_rank == 0:  # Horovod: one fetch per node
+        try:
+            outcome = ("ok", data.fetch_dataset(config.data, config.cache_dir).manifest)
+        except Exception as e:
+            outcome = (type(e).__name__, str(e))
+    # Horovod: doubles as the barrier for the waiters; the name must match on every rank
+    outcomes = hvd.allgather_object(outcome, name="dataset_fetch")
+    failures = [(r, o) for r, o in enumerate(outcomes) if o is not None and o[0] != "ok"]
+    if failures:
+        text = "; ".join(f"rank {r}: {kind}: {msg}" for r, (kind, msg) in failures)
+        if any(kind == "DatasetIntegrityError" for _, (kind, _m) in failures):
+            raise DatasetIntegrityError(f"dataset {config.data} failed verification: {text}")
+        raise DatasetError(f"cannot fetch dataset {config.data}: {text}")
+    manifest = next(o[1] for o in outcomes if o is not None)
+    return data.dataset_paths(config.data, manifest, config.cache_dir)
+
+
+def build_optimizer(config: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    import torch
+
+    params = model.parameters()
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=0.9, nesterov=True, weight_decay=config.weight_decay
+    )
+
+
+def lr_world_factor(config: TrainConfig, device: torch.device) -> int:
+    """How many ranks the lr scales for: all of them, or (Adasum) only those averaged by NCCL."""
+    import horovod.torch as hvd
+
+    if not config.adasum:
+        return int(hvd.size())
+    # Adasum combines gradients adaptively across nodes; within a node NCCL still averages.
+    return int(hvd.local_size()) if device.type == "cuda" and hvd.nccl_built() else 1
+
+
+def param_hash(model: nn.Module) -> str:
+    """sha256 over every parameter and buffer (float32, name order): equal iff ranks agree."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().float().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_ranks_agree(model: nn.Module, rt: Runtime, when: str) -> str:
+    """Allgather every rank's parameter hash; raise RankDivergenceError naming ranks that differ."""
+    import horovod.torch as hvd
+    import torch
+
+    digest = param_hash(model)
+    pieces = torch.tensor(
+        [
+            int.from_bytes(bytes.fromhex(digest[i : i + 16]), "big", signed=True)
+            for i in range(0, 64, 16)
+        ],
+        dtype=torch.int64,
+    )
+    gathered = hvd.allgather(pieces.unsqueeze(0), name=f"param_hash.{when}")  # Horovod
+    rows = [tuple(int(v) for v in row) for row in gathered.tolist()]
+    differ = [r for r, row in enumerate(rows) if row != rows[0]]
+    if differ:
+        raise RankDivergenceError(
+            f"parameters differ across ranks {when}: ranks {differ} disagree with rank 0 "
+            f"(rank 0 hash {digest[:16]}...); the distributed update is broken"
+        )
+    return digest
+
+
+def epoch_indices(n: int, rt: Runtime, seed: int, epoch: int) -> torch.Tensor:
+    """This rank's disjoint share of a per-epoch seeded global permutation (n // size samples)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)  # identical on every rank
+    perm = torch.randperm(n, generator=g)
+    per_rank = n // rt.size
+    return perm[rt.rank * per_rank : (rt.rank + 1) * per_rank]  # Horovod: this rank's shard
+
+
+def train_one_epoch(
+    model: nn.Module,
+    optimizer: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epoch: int,
+    config: TrainConfig,
+    rt: Runtime,
+    world_factor: int,
+    on_first_step: Any = None,
+) -> tuple[float, int, float]:
+    """One pass over this rank's shard; return (allreduced mean loss, global samples, seconds)."""
+    import horovod.torch as hvd
+    import torch
+    from torch.nn import functional as F
+
+    model.train()
+    start = time.perf_counter()
+    idx = epoch_indices(x.shape[0], rt, config.seed, epoch).to(x.device)
+    k = config.backward_passes_per_step
+    batches = math.ceil(idx.numel() / config.batch_size)
+    steps = batches // k
+    memory_format = torch.channels_last if rt.channels_last else torch.contiguous_format
+    autocast = torch.autocast(
+        device_type=x.device.type, dtype=torch.bfloat16, enabled=rt.precision == "bf16"
+    )
+    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
+    seen = 0
+    for step in range(steps):
+        global_step = epoch * steps + step
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(config, world_factor, global_step, steps)
+        optimizer.zero_grad()
+        for micro in range(k):
+            b = idx[(step * k + micro) * config.batch_size :][: config.batch_size]
+            xb = x.index_select(0, b).contiguous(memory_format=memory_format)
+            yb = y.index_select(0, b)
+            with autocast:
+                logits = model(xb)
+            loss = F.cross_entropy(logits.float(), yb)
+            (loss / k).backward()  # Horovod: allreduce starts once k passes are accumulated
+            loss_sum += loss.detach().double() * b.numel()
+            seen += b.numel()
+        optimizer.step()  # Horovod: waits for the averaged gradients, then updates
+        if on_first_step is not None and epoch == 0 and step == 0:
+            on_first_step()
+        if config.log_interval and step % config.log_interval == 0:
+            log(rt, f"epoch {epoch + 1} step {step}/{steps} loss {loss.item():.4f}")
+    totals = hvd.allreduce(  # Horovod: the mean loss over all ranks' samples
+        torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=x.device)]),
+        op=hvd.Sum,
+        name=f"train_loss.{epoch}",
+    )
+    seconds = time.perf_counter() - start
+    return float(totals[0] / totals[1]), int(totals[1]), seconds
+
+
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    channels_last: bool = False,
+) -> torch.Tensor:
+    """float32 evaluation of the given samples: tensor [loss_sum, correct, count] (float64)."""
+    import torch
+    from torch.nn import functional as F
+
+    model.eval()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    totals = torch.zeros(3, dtype=torch.float64)
+    with torch.inference_mode():
+        for i in range(0, x.shape[0], batch_size):
+            xb = x[i : i + batch_size].contiguous(memory_format=memory_format)
+            yb = y[i : i + batch_size]
+            logits = model(xb).float()
+            totals[0] += F.cross_entropy(logits, yb, reduction="sum").double().cpu()
+            totals[1] += (logits.argmax(dim=1) == yb).sum().double().cpu()
+            totals[2] += yb.numel()
+    return totals
+
+
+def evaluate_distributed(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TrainConfig, rt: Runtime, epoch: int
+) -> dict[str, Any]:
+    """Each rank evaluates a disjoint contiguous shard; sums are allreduced; exact, no padding."""
+    import horovod.torch as hvd
+
+    n = x.shape[0]
+    lo, hi = rt.rank * n // rt.size, (rt.rank + 1) * n // rt.size  # Horovod: this rank's shard
+    local = evaluate(model, x[lo:hi], y[lo:hi], config.eval_batch_size, rt.channels_last)
+    total = hvd.allreduce(local, op=hvd.Sum, name=f"val.{epoch}")  # Horovod: global sums
+    loss_sum, correct, count = (float(v) for v in total)
+    if int(count) != n:
+        raise TrainingError(f"evaluated {int(count)} samples across ranks, validation set has {n}")
+    return {
+        "val_loss": loss_sum / n,
+        "val_accuracy": correct / n,
+        "val_correct": int(correct),
+        "val_samples": n,
+    }
+
+
+def load_checkpoint(uri: str) -> dict[str, Any]:
+    import torch
+
+    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise TrainingError(f"{uri} is not a {CHECKPOINT_FORMAT} checkpoint")
+    return state
+
+
+def save_checkpoint(uri: str, state: dict[str, Any]) -> None:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    storage.write_bytes(uri, buf.getvalue())
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    import trainer
+
+    out = {"torch": torch.__version__, "trainer": trainer.__version__}
+    out["python"] = platform.python_version()
+    for name in ("torchvision", "horovod"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = "absent"
+    return out
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Train on every rank; on rank 0 write checkpoint.pt each epoch and metrics.json at the end.
+
+    Returns the final metrics (the same dict on every rank).
+    """
+    import horovod.torch as hvd
+    import torch
+
+    started = time.perf_counter()
+    rt, device = setup_runtime(config)
+    log(
+        rt,
+        f"{rt.size} rank(s), device {rt.device}, {rt.threads} thread(s)/rank, "
+        f"precision {rt.precision}, channels_last {rt.channels_last}",
+    )
+    ckpt_uri = storage.join(config.output, CHECKPOINT_NAME)
+    metrics_uri = storage.join(config.output, METRICS_NAME)
+
+    dataset = stage_dataset(config, rt)
+    x_train, y_train = data.load_split(dataset, "train", config.max_train_samples)
+    x_val, y_val = data.load_split(dataset, "test", config.max_val_samples)
+    x_train, y_train = x_train.to(device), y_train.to(device)
+    x_val, y_val = x_val.to(device), y_val.to(device)
+    per_rank = x_train.shape[0] // rt.size
+    steps = math.ceil(per_rank / config.batch_size) // config.backward_passes_per_step
+    if steps == 0:
+        raise TrainingError(
+            f"{x_train.shape[0]} training samples over {rt.size} ranks give {per_rank} per rank, "
+            f"fewer than --batch-size {config.batch_size} x --backward-passes-per-step "
+            f"{config.backward_passes_per_step}: lower them or use more data"
+        )
+    log(
+        rt,
+        f"dataset {dataset.content_hash[:16]}: train {x_train.shape[0]} "
+        f"({per_rank}/rank, {steps} steps/epoch), validation {x_val.shape[0]}",
+    )
+
+    torch.manual_seed(config.seed + rt.rank)  # per-rank dropout; weights come from rank 0 below
+    model = build_model(config.model).to(device)
+    if rt.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    world_factor = lr_world_factor(config, device)
+    optimizer = build_optimizer(config, model, lr_at(config, world_factor, 0, steps))
+
+    start_epoch, history = 0, []
+    if config.resume and rt.is_primary:
+        if storage.exists(ckpt_uri):
+            state = load_checkpoint(ckpt_uri)
+            saved_model = state["config"].get("model")
+            if saved_model != config.model:
+                raise TrainingError(f"{ckpt_uri} holds model {saved_model!r}, not {config.model!r}")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_epoch, history = int(state["epoch"]), list(state["history"])
+            log(rt, f"resuming from {ckpt_uri} after epoch {start_epoch}")
+        else:
+            log(rt, f"--resume: no {ckpt_uri} yet, starting from scratch")
+    start_epoch, history = hvd.broadcast_object(  # Horovod: rank 0 read the checkpoint
+        (start_epoch, history), root_rank=0, name="resume_state"
+    )
+
+    optimizer = hvd.DistributedOptimizer(  # Horovod: allreduce gradients in step()
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+        op=hvd.Adasum if config.adasum else hvd.Average,
+        backward_passes_per_step=config.backward_passes_per_step,
+    )
+    # Horovod: start every rank from rank 0's optimizer state and weights (the state first:
+    # initializing an empty state takes a zero-gradient step that weight decay would move).
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def print_param_hash(step: int) -> None:
+        line = {"event": "param_hash", "rank": rt.rank, "step": step, "hash": param_hash(model)}
+        print(json.dumps(line), flush=True)
+
+    if config.debug_param_hash:
+        print_param_hash(0)
+
+    evaluation: dict[str, Any] = {}
+    digest = ""
+    for epoch in range(start_epoch, config.epochs):
+        train_loss, samples, train_s = train_one_epoch(
+            model,
+            optimizer,
+            x_train,
+            y_train,
+            epoch,
+            config,
+            rt,
+            world_factor,
+            on_first_step=(lambda: print_param_hash(1)) if config.debug_param_hash else None,
+        )
+        eval_start = time.perf_counter()
+        evaluation = evaluate_distributed(model, x_val, y_val, config, rt, epoch)
+        eval_s = time.perf_counter() - eval_start
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": train_loss,
+                "val_loss": evaluation["val_loss"],
+                "val_accuracy": evaluation["val_accuracy"],
+                "samples_per_sec": samples / train_s,
+                "epoch_seconds": train_s + eval_s,
+            }
+        )
+        log(
+            rt,
+            f"epoch {epoch + 1}/{config.epochs}: train_loss {train_loss:.4f} "
+            f"val_loss {evaluation['val_loss']:.4f} val_accuracy {evaluation['val_accuracy']:.4f} "
+            f"({evaluation['val_correct']}/{evaluation['val_samples']}) "
+            f"{samples / train_s:.0f} samples/s, {train_s + eval_s:.1f}s",
+        )
+        digest = check_ranks_agree(model, rt, f"after epoch {epoch + 1}")
+        if rt.is_primary:
+            save_checkpoint(
+                ckpt_uri,
+                {
+                    "format": CHECKPOINT_FORMAT,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch + 1,
+                    "config": config.to_dict(),
+                    "history": history,
+                    "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
+                    "world_size": rt.size,
+                },
+            )
+
+    if not evaluation:  # resumed a finished run: nothing to train, report its final model
+        evaluation = evaluate_distributed(model, x_val, y_val, config, rt, config.epochs)
+        digest = check_ranks_agree(model, rt, "after resuming a finished run")
+
+    metrics = {
+        **evaluation,
+        "epochs": len(history),
+        "world_size": rt.size,
+        "history": history,
+        "config": config.to_dict(),
+        "runtime": {
+            "device": rt.device,
+            "threads_per_rank": rt.threads,
+            "precision": rt.precision,
+            "channels_last": rt.channels_last,
+        },
+        "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
+        "versions": versions(),
+        "param_hash": digest,
+        "train_seconds": time.perf_counter() - started,
+        "artifacts": {"checkpoint": ckpt_uri, "metrics": metrics_uri},
+    }
+    if rt.is_primary:
+        storage.write_text(metrics_uri, json.dumps(metrics, indent=2))
+        final = {k: metrics[k] for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
+        final.update(
+            epochs=metrics["epochs"],
+            world_size=rt.size,
+            param_hash=digest,
+            train_seconds=metrics["train_seconds"],
+            metrics_uri=metrics_uri,
+            checkpoint_uri=ckpt_uri,
+        )
+        print(json.dumps({"event": "final_metrics", **final}), flush=True)
+    return metrics
