@@ -10,11 +10,13 @@ e.g. ``[1]<stdout>:``), redacted, and the last lines are kept for the exception.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -85,6 +87,24 @@ def visible_gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _parent_death_signal() -> Any:
+    """A ``preexec_fn`` asking Linux to SIGTERM horovodrun if the Airflow task process dies
+    without calling on_kill (e.g. SIGKILL): horovodrun then stops its ranks itself.
+    None where ``prctl(PR_SET_PDEATHSIG)`` does not exist."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return set_pdeathsig
 
 
 class LocalLauncher(Launcher):
@@ -194,6 +214,7 @@ class LocalLauncher(Launcher):
                         bufsize=1,
                         errors="replace",
                         start_new_session=True,  # its own process group: kill reaches all
+                        preexec_fn=_parent_death_signal(),  # only a prctl call: safe with threads
                     )
                 except OSError as e:
                     raise HorovodLaunchError(f"cannot start {spec.argv[0]!r}: {e}") from e

@@ -172,3 +172,40 @@ def test_timeout_stops_the_job(s3_server):
 
     assert err.value.timeout == 25
     assert _job_processes(output) == []
+
+
+@pytest.mark.slow
+def test_sigkilled_task_process_leaves_no_ranks(s3_server, tmp_path):
+    """If the Airflow task process dies without on_kill (SIGKILL, OOM killer), horovodrun
+    gets SIGTERM from the kernel (parent-death signal) and stops its ranks."""
+    import signal
+    import subprocess
+    import sys
+
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    output = f"s3://{bucket}/runs/orphan"
+    script = tmp_path / "task.py"
+    script.write_text(
+        "from operators import HorovodTrainOperator\n"
+        "from tests.operators.helpers import PROGRAM, context\n"
+        f"op = HorovodTrainOperator(task_id='t', num_proc=2, entrypoint=PROGRAM, data={data!r},\n"
+        f"    output={output!r}, trainer_args={{'sleep': 120}})\n"
+        "op.execute(context())\n"
+    )
+    task = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen: list[str] = []
+
+    def both_sleeping() -> bool:
+        assert task.stdout is not None
+        line = task.stdout.readline()
+        seen.append(line)
+        return "".join(seen).count("sleeping 120") >= 2
+
+    _wait_for(both_sleeping, 120, "both ranks to sleep")
+    assert len(_job_processes(output)) >= 3
+    task.send_signal(signal.SIGKILL)
+    task.wait(10)
+    _wait_for(lambda: _job_processes(output) == [], 60, "horovodrun and its ranks to exit")
