@@ -264,7 +264,14 @@ def rank_counts() -> list[int]:
 
 
 def run_throughput(
-    workdir: Path, *, np: int, steps: int, warmup: int, repeats: int, seconds: float
+    workdir: Path,
+    *,
+    np: int,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    seconds: float,
+    timeout: float = 3600,
 ) -> dict[str, Any]:
     root = prepare_torchvision_root(workdir / "torchvision-root")
     staged = stage_local_dataset(workdir / "staged")
@@ -275,7 +282,7 @@ def run_throughput(
     args += ["--steps", str(steps), "--warmup", str(warmup), "--repeats", str(repeats)]
     args += ["--seconds", str(seconds), "--result", str(result_file)]
     run = run_horovod(
-        np, args, log=workdir / f"throughput-np{np}.log", timeout=3600, env=rank_env()
+        np, args, log=workdir / f"throughput-np{np}.log", timeout=timeout, env=rank_env()
     )
     summary: dict[str, Any] = json.loads(result_file.read_text())
     summary["wall_seconds"] = round(run.wall_seconds, 1)
@@ -431,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=args.warmup,
                 repeats=args.repeats,
                 seconds=args.seconds,
+                timeout=600 if args.quick else 3600,
             )
     body, derived = tables(runs)
     ref = runs[max(runs)]
