@@ -173,6 +173,10 @@ class HorovodJobOperatorBase(BaseOperator):
         ``secret_env``. Secrets are registered with Airflow's masker before anything logs."""
         from airflow.sdk.log import mask_secret
 
+        if not isinstance(self.env, Mapping):  # e.g. a template that rendered to a string
+            raise ValueError(f"env must render to a dict of name → value, got {self.env!r:.80}")
+        for name in self.env:
+            validate_env_name(name, "env")
         public = {str(k): str(v) for k, v in self.env.items()}
         secret = {str(k): str(v) for k, v in self.secret_env.items()}
         if self.aws_conn_id is not None:

@@ -318,3 +318,11 @@ def test_dag_files_using_the_operators_parse_without_torch(tmp_path):
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=300
     )
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_env_template_must_render_to_a_dict():
+    op = train_op(env="{{ params.env }}", aws_conn_id=None, entrypoint=PROGRAM, preflight=False)
+    ctx = {**context(), "params": {"env": "A=1"}}
+    op.render_template_fields(ctx)
+    with pytest.raises(ValueError, match="env must render to a dict of name → value, got 'A=1'"):
+        op.build_spec(ctx)
