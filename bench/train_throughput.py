@@ -36,10 +36,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.datasets import prepare_torchvision_root, stage_local_dataset
 from bench.report import machine, machine_line, md_table, rank_env, run_horovod, write_results
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.config import TrainConfig as TrainerConfig
+    from trainer.train import Runtime
 
 DEMO_BATCH = 64
 DEFAULT_THREADS = "torch default threads"  # the demo's: one per core in every rank
@@ -47,6 +53,40 @@ OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (trainer.train.setup_runt
 
 
 # --- what runs in each Horovod rank -------------------------------------------------------
+
+
+def our_training_step(
+    config: TrainerConfig, rt: Runtime, device: torch.device, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
+    """One optimizer step of every rank through ``trainer.train.train_one_epoch`` itself.
+
+    The trainer's model, optimizer and ``DistributedOptimizer`` wrapping as in
+    ``trainer.train.run``; an "epoch" over exactly one batch per rank is one real step.
+    """
+    import horovod.torch as hvd
+    import torch
+
+    from trainer import train
+    from trainer.config import lr_at
+    from trainer.model import build_model
+
+    model = build_model(config.model).to(device)
+    if rt.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    world_factor = train.lr_world_factor(config, device)
+    optimizer = hvd.DistributedOptimizer(  # Horovod: as trainer.train.run wraps it
+        train.build_optimizer(config, model, lr_at(config, world_factor, 0, 1)),
+        named_parameters=model.named_parameters(),
+        op=hvd.Average,
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod
+    chunk = config.batch_size * rt.size  # one batch for every rank
+    x_step, y_step = x[:chunk], y[:chunk]
+
+    def step() -> None:
+        train.train_one_epoch(model, optimizer, x_step, y_step, 1, config, rt, world_factor)
+
+    return step
 
 
 def run_rank(args: argparse.Namespace) -> None:
@@ -59,7 +99,7 @@ def run_rank(args: argparse.Namespace) -> None:
 
     from bench.demo_baseline import demo_net, demo_transform, quiet_dropout2d_warning
     from trainer import data, train
-    from trainer.config import TrainConfig, lr_at
+    from trainer.config import TrainConfig
     from trainer.model import build_model
 
     quiet_dropout2d_warning()
@@ -187,21 +227,7 @@ def run_rank(args: argparse.Namespace) -> None:
 
     # Our training step: trainer.train.train_one_epoch over exactly `steps` batches per rank.
     torch.manual_seed(config.seed)
-    model = build_model(config.model).to(device)
-    if rt.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    world_factor = train.lr_world_factor(config, device)
-    optimizer = hvd.DistributedOptimizer(  # Horovod: as trainer.train.run wraps it
-        train.build_optimizer(config, model, lr_at(config, world_factor, 0, 1)),
-        named_parameters=model.named_parameters(),
-        op=hvd.Average,
-    )
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod
-    chunk = config.batch_size * rt.size  # one step of every rank
-    x_step, y_step = x[:chunk], y[:chunk]
-
-    def our_train_step() -> None:
-        train.train_one_epoch(model, optimizer, x_step, y_step, 1, config, rt, world_factor)
+    our_train_step = our_training_step(config, rt, device, x, y)
 
     measure(
         "our training step",

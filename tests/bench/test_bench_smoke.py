@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from bench import demo_baseline, pipeline_overhead, time_to_accuracy, train_throughput
+from bench import (
+    demo_baseline,
+    pipeline_overhead,
+    profile_step,
+    time_to_accuracy,
+    train_throughput,
+)
 from bench.datasets import prepare_torchvision_root, stage_local_dataset
 from bench.report import md_table, run_horovod
-from tests.conftest import MNIST_DIR, REPO
+from tests.conftest import REPO
 
 
 def _results(results_dir: Path, name: str) -> tuple[str, dict]:
@@ -80,6 +86,7 @@ def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
         (train_throughput, ["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
         (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
+        (profile_step, ["--steps", "0"], "--steps must be >= 1 and --warmup >= 0, got 0, 3"),
     ],
 )
 def test_bad_arguments_are_named(module, argv, message, capsys) -> None:
@@ -158,5 +165,21 @@ def test_pipeline_overhead_quick(tmp_path: Path) -> None:
     assert "orchestration = DAG run" in markdown
 
 
-def test_vendored_mnist_is_present() -> None:
-    assert (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file()
+@pytest.mark.slow
+def test_profile_step_quick(tmp_path: Path) -> None:
+    profile_step.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "profile_step_quick")
+    assert data["world_size"] == 2 and data["steps"] == 2
+    names = [op["name"] for op in data["ops"]]
+    assert "aten::convolution_backward" in names  # the real backward pass was profiled
+    assert any("Horovod" in n for n in names)  # and so was the gradient allreduce
+    shares = sum(op["self_cpu_ms"] for op in data["ops"]) / data["step_cpu_ms_total"]
+    assert 0.5 < shares <= 1.05  # self times add up to (about) the step's total
+    assert "| convolution backward |" in markdown
+
+
+def test_profile_groups_name_the_step_parts() -> None:
+    assert profile_step.group_of("aten::convolution_backward") == "convolution backward"
+    assert profile_step.group_of("Optimizer.step#Adam.step") == "optimizer (Adam)"
+    assert profile_step.group_of("HorovodAllreduce") == "gradient allreduce wait (Horovod)"
+    assert profile_step.group_of("aten::something_new") == "other"
