@@ -35,16 +35,22 @@ bridge_ip="$subnet.254"
 
 log() { echo "netns_hosts: $*" >&2; }
 die() { echo "netns_hosts: ERROR: $*" >&2; exit 1; }
+# Exit 2: this machine cannot host the simulated hosts (not root, packages not installable).
+unavailable() { echo "netns_hosts: UNAVAILABLE: $*" >&2; exit 2; }
 
 [[ "$subnet" =~ ^10\.[0-9]{1,3}\.[0-9]{1,3}$ ]] ||
   die "HVA_NETNS_SUBNET must be the first three octets of a 10.x.y.0/24 subnet, got '$subnet'"
 [ ${#iface} -le 10 ] || die "HVA_NETNS_IFACE must be at most 10 characters (got '$iface')"
 
-host_ip() { # host name -> address: the host's position in $hosts, from 1
+host_ip() { # host name -> address: .1 for the first host, .2 for the second, ...
+  echo "$subnet.$(host_index "$1")"
+}
+
+host_index() { # host name -> its position in $hosts, from 1
   local i=0 h
   for h in $hosts; do
     i=$((i + 1))
-    [ "$h" = "$1" ] && { echo "$subnet.$i"; return 0; }
+    [ "$h" = "$1" ] && { echo "$i"; return 0; }
   done
   return 1
 }
@@ -62,12 +68,12 @@ install_packages() {
   command -v ip >/dev/null 2>&1 || want+=(iproute2)
   command -v unshare >/dev/null 2>&1 || want+=(util-linux)
   [ ${#want[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null 2>&1 || die "missing ${want[*]} and no apt-get to install them"
+  command -v apt-get >/dev/null 2>&1 || unavailable "missing ${want[*]} and no apt-get to install them"
   log "installing ${want[*]} (apt-get)"
   if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >"$state/apt.log" 2>&1; then
     apt-get update -q >>"$state/apt.log" 2>&1 || true
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >>"$state/apt.log" 2>&1 ||
-      die "apt-get install ${want[*]} failed; see $state/apt.log"
+      unavailable "apt-get install ${want[*]} failed; see $state/apt.log"
   fi
   # Debian's package starts the system sshd where it can; the simulated hosts do not need it.
 }
@@ -123,7 +129,7 @@ trust_host_keys() {
 }
 
 cmd_up() {
-  [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, veth, sshd); got uid $(id -u)"
+  [ "$(id -u)" = 0 ] || unavailable "must run as root (network namespaces, veth, sshd); got uid $(id -u)"
   mkdir -p "$state"
   install_packages
   mkdir -p /run/sshd # sshd's privilege-separation directory
@@ -155,7 +161,11 @@ cmd_up() {
     write_hosts_file "$h"
     if ! sshd_pid "$h" >/dev/null; then
       # Own UTS namespace: the host's hostname is its name, seen by every process sshd starts.
-      ip netns exec "$h" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $state/$h/sshd_config -E $state/$h/sshd.log"
+      # Own CPU (round-robin over this machine's): a rank sizes its torch threads from its
+      # affinity, as on a real host with its own cores.
+      local pin=()
+      command -v taskset >/dev/null 2>&1 && pin=(taskset -c "$(( ($(host_index "$h") - 1) % $(nproc) ))")
+      ip netns exec "$h" "${pin[@]}" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $state/$h/sshd_config -E $state/$h/sshd.log"
     fi
     known="$known[$ip]:$port $(cut -d' ' -f1,2 "$state/$h/host_ed25519.pub")"$'\n'
   done

@@ -33,9 +33,11 @@ runtime_repo=${HVA_PODMAN_IMAGE:-localhost/hva-runtime}
 
 log() { echo "podman_engine: $*" >&2; }
 die() { echo "podman_engine: ERROR: $*" >&2; exit 1; }
+# Exit 2: this machine cannot run the engine (not root, packages or mirror unreachable).
+unavailable() { echo "podman_engine: UNAVAILABLE: $*" >&2; exit 2; }
 
 need_root() {
-  [ "$(id -u)" = 0 ] || die "must run as root (podman's rootful storage and networking); got uid $(id -u)"
+  [ "$(id -u)" = 0 ] || unavailable "must run as root (podman's rootful storage and networking); got uid $(id -u)"
 }
 
 install_packages() {
@@ -48,12 +50,12 @@ install_packages() {
     command -v "$cmd" >/dev/null 2>&1 || want+=("$pkg")
   done
   [ ${#want[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null 2>&1 || die "missing ${want[*]} and no apt-get to install them"
+  command -v apt-get >/dev/null 2>&1 || unavailable "missing ${want[*]} and no apt-get to install them"
   log "installing ${want[*]} (apt-get)"
   if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >"$state/apt.log" 2>&1; then
     apt-get update -q >>"$state/apt.log" 2>&1 || true
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >>"$state/apt.log" 2>&1 ||
-      die "apt-get install ${want[*]} failed; see $state/apt.log"
+      unavailable "apt-get install ${want[*]} failed; see $state/apt.log"
   fi
 }
 
@@ -170,7 +172,7 @@ cmd_image() {
     log "debootstrap bookworm minbase from $mirror (about 30 s)"
     if ! debootstrap --variant=minbase bookworm "$root" "$mirror" >"$state/debootstrap.log" 2>&1; then
       rm -rf "$root"
-      die "debootstrap failed; see $state/debootstrap.log"
+      unavailable "debootstrap from $mirror failed (mirror unreachable?); see $state/debootstrap.log"
     fi
     tar -C "$root" -c . | podman_ import - "$base_image" >/dev/null
     rm -rf "$root"

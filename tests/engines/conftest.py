@@ -1,0 +1,256 @@
+"""Real engines for the launcher tests: podman's Docker API, and simulated hosts over ssh.
+
+Both are prepared by the scripts a user runs by hand (``scripts/engines/``), so the tests
+exercise exactly what the README documents. Each fixture skips, with the script's reason,
+where the machine cannot provide the engine (not root, packages not installable, mirror
+unreachable: the scripts exit 2), and fails loudly on anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, VENV_BIN, S3Server
+
+ENGINES = REPO / "scripts" / "engines"
+UNAVAILABLE_EXIT = 2  # the scripts' "this machine cannot provide it"
+JOB_LABEL = "horovod-airflow/job"  # the docker launcher labels its containers with this
+NETNS_CONN_ID = "aws_netns"
+
+
+def run_script(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 900):
+    """Run an engine script; skip on exit 2 (unavailable here), fail on any other error."""
+    if os.geteuid() != 0:
+        pytest.skip(
+            f"{script} needs root (network namespaces / rootful podman); uid {os.geteuid()}"
+        )
+    done = subprocess.run(
+        ["bash", str(ENGINES / script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+    if done.returncode == UNAVAILABLE_EXIT:
+        pytest.skip(f"{script} {' '.join(args)}: {done.stderr.strip()[-500:]}")
+    if done.returncode != 0:
+        pytest.fail(
+            f"{script} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}",
+            pytrace=False,
+        )
+    return done
+
+
+# --- podman: the Docker API on a unix socket, and the runtime image -----------------------
+@dataclass
+class PodmanEngine:
+    """A running Docker-compatible API and the image the docker launcher tests run."""
+
+    docker_url: str  # unix:///.../podman.sock
+    image: str  # localhost/hva-runtime:<recipe hash>
+
+    def client(self) -> Any:
+        import docker
+
+        return docker.APIClient(base_url=self.docker_url, version="auto", timeout=120)
+
+    @property
+    def mounts(self) -> list[str]:
+        """Read-only binds that make the host's venv and source usable inside the image.
+
+        A venv's python is a symlink into its base installation (pyenv), so that is mounted
+        too; every path keeps its host path, so the venv's absolute paths stay valid.
+        """
+        paths = sorted({str(REPO), sys.prefix, sys.base_prefix})
+        kept = [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+        return [f"{p}:{p}:ro" for p in kept]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Non-secret environment of the job inside the container."""
+        return {
+            "PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PYTHONPATH": str(REPO),
+            "HVA_CACHE_DIR": "/tmp/hva-cache",  # the container's own, writable
+        }
+
+    def job_containers(self) -> list[dict[str, Any]]:
+        """Containers the docker launcher made (running or not)."""
+        return self.client().containers(all=True, filters={"label": JOB_LABEL})
+
+
+@pytest.fixture(scope="session")
+def podman_engine() -> Iterator[PodmanEngine]:
+    """Serve podman's Docker API (installing podman if missing) and build the image once."""
+    state = os.environ.get("HVA_PODMAN_STATE", "/var/tmp/hva-podman")
+    was_serving = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["bash", str(ENGINES / "podman_engine.sh"), "status"], capture_output=True
+        ).returncode
+        == 0
+    )
+    run_script("podman_engine.sh", "start")
+    try:
+        image = run_script("podman_engine.sh", "image").stdout.strip().splitlines()[-1]
+        yield PodmanEngine(docker_url=f"unix://{state}/podman.sock", image=image)
+    finally:
+        if not was_serving:  # leave a service the user started running
+            subprocess.run(["bash", str(ENGINES / "podman_engine.sh"), "stop"], check=False)
+
+
+@pytest.fixture
+def job_containers_removed(podman_engine: PodmanEngine) -> Iterator[None]:
+    """After the test, force-remove any container the launcher left (failed tests)."""
+    before = {c["Id"] for c in podman_engine.job_containers()}
+    yield
+    client = podman_engine.client()
+    for c in podman_engine.job_containers():
+        if c["Id"] not in before:
+            client.remove_container(c["Id"], force=True)
+
+
+# --- simulated hosts: network namespaces, a bridge, sshd per host -------------------------
+@dataclass
+class SimulatedHosts:
+    """Hosts ``h1``, ``h2`` reachable from this (root) namespace over ssh on ``interface``."""
+
+    addresses: dict[str, str]  # host name -> address on the bridge
+    ssh_port: int
+    identity_file: str
+    interface: str
+    bridge_ip: str  # this namespace's address on the bridge (horovodrun's driver)
+    state: Path
+    names: list[str] = field(default_factory=list)
+    script_env: dict[str, str] = field(default_factory=dict)
+
+    def hosts_arg(self, slots: int = 1) -> list[str]:
+        """``hosts=`` for the operator: one entry per simulated host, by address."""
+        return [f"{self.addresses[h]}:{slots}" for h in self.names]
+
+    def processes(self, host: str, needle: str) -> list[tuple[int, str]]:
+        """(pid, command line) of the processes in ``host``'s namespace matching ``needle``."""
+        out = subprocess.run(
+            ["ip", "netns", "pids", host], capture_output=True, text=True, check=True
+        ).stdout
+        found = []
+        for pid in map(int, out.split()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue  # exited meanwhile
+            if needle in cmdline:
+                found.append((pid, cmdline.strip()))
+        return found
+
+    def wait_for_process(self, host: str, needle: str, timeout: float) -> list[tuple[int, str]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.processes(host, needle)
+            if found:
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"no process matching {needle!r} on {host} within {timeout}s")
+
+    def sshd_pids(self, host: str) -> list[int]:
+        """The host's sshd: its listener and every session it forked."""
+        return [
+            pid
+            for pid, cmd in self.processes(host, "sshd")
+            if cmd.startswith(("sshd", "/usr/sbin/sshd"))
+        ]
+
+    def restore(self) -> None:
+        """Bring every host back up (sshd restarted where a test killed it); idempotent."""
+        run_script("netns_hosts.sh", "up", env=self.script_env, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedHosts]:
+    """Bring up h1 and h2 (namespaces, bridge, keys, sshd) and always tear them down."""
+    state = tmp_path_factory.mktemp("netns")
+    env = {"HVA_NETNS_STATE": str(state), "HVA_NETNS_HOSTS": "h1 h2"}
+    try:
+        run_script("netns_hosts.sh", "up", env=env, timeout=300)
+        settings = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in run_script("netns_hosts.sh", "env", env=env).stdout.splitlines()
+        )
+        addresses = {
+            name: hp.rsplit(":", 1)[0]
+            for name, hp in zip(
+                ["h1", "h2"], settings["HVA_NETNS_HOSTS_ARG"].split(","), strict=True
+            )
+        }
+        yield SimulatedHosts(
+            addresses=addresses,
+            ssh_port=int(settings["HVA_NETNS_SSH_PORT"]),
+            identity_file=settings["HVA_NETNS_SSH_KEY"],
+            interface=settings["HVA_NETNS_IFACE"],
+            bridge_ip=settings["HVA_NETNS_BRIDGE_IP"],
+            state=state,
+            names=["h1", "h2"],
+            script_env=env,
+        )
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(
+                ["bash", str(ENGINES / "netns_hosts.sh"), "down"],
+                env={**os.environ, **env},
+                check=False,
+                capture_output=True,
+            )
+
+
+@pytest.fixture(scope="session")
+def netns_s3(simulated_hosts: SimulatedHosts) -> Iterator[S3Server]:
+    """A moto S3 server on the bridge address, reachable from every simulated host.
+
+    The session's ``s3_server`` listens on 127.0.0.1, which is each namespace's own loopback.
+    Registered as the Airflow connection ``aws_netns``; the process environment is untouched.
+    """
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind((simulated_hosts.bridge_ip, 0))
+        port = int(s.getsockname()[1])
+    server = ThreadedMotoServer(ip_address=simulated_hosts.bridge_ip, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{simulated_hosts.bridge_ip}:{port}"
+    srv = S3Server(
+        endpoint=endpoint,
+        env={
+            "AWS_ACCESS_KEY_ID": "hva-netns-key",
+            "AWS_SECRET_ACCESS_KEY": "hva-netns-secret-do-not-log",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+        },
+    )
+    var = f"AIRFLOW_CONN_{NETNS_CONN_ID.upper()}"
+    saved = os.environ.get(var)
+    os.environ[var] = srv.airflow_conn_uri_json()
+    try:
+        yield srv
+    finally:
+        server.stop()
+        if saved is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = saved
+
+
+def read_json(s3: S3Server, uri: str) -> dict[str, Any]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    return json.loads(body)

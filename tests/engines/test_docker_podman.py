@@ -1,0 +1,234 @@
+"""The docker launcher against a real engine: podman's Docker-compatible API.
+
+The image is the registry-free runtime image of ``scripts/engines/podman_engine.sh``; the venv
+and the source are bind-mounted read-only. The container uses host networking so the ranks
+reach the session's S3 server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from operators import HorovodTrainingError, HorovodTrainOperator
+from operators.staging import stage_dataset
+from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
+from tests.operators.helpers import context
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("job_containers_removed")]
+
+PROBE = ("python", "-m", "tests.engines.hvd_probe")
+
+
+class TaskLog:
+    """The operator's task log: Airflow 3 logs through structlog to stdout."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self._capsys = capsys
+        self._seen = ""
+
+    @property
+    def text(self) -> str:
+        captured = self._capsys.readouterr()
+        self._seen += captured.out + captured.err
+        return self._seen
+
+    def wait_for(self, needle: str, timeout: float, job: Running) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and job.thread.is_alive():
+            if needle in self.text:
+                return
+            time.sleep(0.2)
+        raise AssertionError(
+            f"{needle!r} not in the task log within {timeout}s (job error: {job.error!r}); "
+            f"log tail:\n{self.text[-3000:]}"
+        )
+
+
+@pytest.fixture
+def task_log(capsys: pytest.CaptureFixture[str]) -> TaskLog:
+    return TaskLog(capsys)
+
+
+def docker_op(engine: PodmanEngine, data: str, output: str, **kwargs: Any) -> HorovodTrainOperator:
+    kwargs.setdefault("entrypoint", PROBE)
+    return HorovodTrainOperator(
+        task_id=kwargs.pop("task_id", "train_in_podman"),
+        launcher="docker",
+        image=engine.image,
+        docker_url=engine.docker_url,
+        mounts=engine.mounts,
+        env=engine.env,
+        network_mode="host",  # the S3 server listens on the host's 127.0.0.1
+        # The launcher sets ipc_mode="host" (the host's /dev/shm), where a shm size means
+        # nothing: Docker ignores it, podman refuses the container ("cannot set shmsize when
+        # running in the host IPC Namespace"). None leaves it out.
+        shm_size=None,
+        num_proc=2,
+        data=data,
+        output=output,
+        **kwargs,
+    )
+
+
+def fresh_context() -> dict[str, Any]:
+    """A task context with a run id of its own: container names derive from it."""
+    return context(run_id=f"manual__{uuid.uuid4().hex[:8]}")
+
+
+class Running:
+    """``execute`` in a thread, as the Airflow worker runs it while on_kill may arrive."""
+
+    def __init__(self, op: HorovodTrainOperator) -> None:
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(op,), daemon=True)
+        self.thread.start()
+
+    def _run(self, op: HorovodTrainOperator) -> None:
+        try:
+            self.result = op.execute(fresh_context())
+        except BaseException as e:
+            self.error = e
+
+    def join(self, timeout: float) -> float:
+        start = time.monotonic()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"execute still running after {timeout}s"
+        return time.monotonic() - start
+
+
+def containers_named(engine: PodmanEngine, name_part: str) -> list[dict[str, Any]]:
+    return [c for c in engine.job_containers() if any(name_part in n for n in c["Names"])]
+
+
+@pytest.mark.slow
+def test_trainer_two_ranks_in_one_container_returns_metrics(
+    podman_engine, s3_server, mnist_subset, task_log
+):
+    bucket = s3_server.new_bucket("podman")
+    staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3_server.client())
+    output = f"s3://{bucket}/runs/podman"
+    op = docker_op(
+        podman_engine,
+        staged["uri"],
+        output,
+        entrypoint=("python", "-m", "trainer", "train"),
+        trainer_args={"epochs": 1, "max_train_samples": 1024, "max_val_samples": 256},
+        cleanup="delete",
+    )
+
+    result = op.execute(fresh_context())
+
+    metrics = read_json(s3_server, f"{output}/metrics.json")
+    assert result["world_size"] == metrics["world_size"] == 2
+    assert result["val_accuracy"] == metrics["val_accuracy"]
+    assert 0.0 <= result["val_accuracy"] <= 1.0
+    assert result["val_samples"] == metrics["val_samples"] == 256
+    assert result["checkpoint_uri"] == f"{output}/checkpoint.pt"
+    log = task_log.text
+    assert "created container" in log
+    assert '"event": "final_metrics"' in log  # rank 0's last line came through the attach
+    assert containers_named(podman_engine, "train-in-podman") == []  # removed
+
+
+def test_logs_stream_live_and_secrets_stay_container_environment(
+    podman_engine, s3_server, task_log
+):
+    secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    bucket = s3_server.new_bucket("podman")
+    output = f"s3://{bucket}/runs/live"
+    op = docker_op(
+        podman_engine,
+        "s3://unused/data",
+        output,
+        task_id="live_logs",
+        trainer_args={"hold_seconds": 30},
+        cleanup="delete",
+    )
+
+    job = Running(op)
+    # Lines arrive while the container still runs: streamed, not collected at the end.
+    task_log.wait_for("probe rank=1 holding", timeout=300, job=job)
+    client = podman_engine.client()
+    (running,) = containers_named(podman_engine, "live-logs")
+    inspect = client.inspect_container(running["Id"])
+    env = inspect["Config"]["Env"]
+    assert f"AWS_SECRET_ACCESS_KEY={secret}" in env  # delivered as container environment...
+    inspect["Config"]["Env"] = [e for e in env if not e.startswith("AWS_SECRET_ACCESS_KEY=")]
+    assert secret not in json.dumps(inspect)  # ...and nowhere else (command, labels, mounts)
+    # Inside the container, no process (horovodrun, the ranks' sh -c) shows it either.
+    ps = client.exec_create(running["Id"], ["ps", "-eo", "pid,args", "--no-headers"])
+    processes = client.exec_start(ps["Id"]).decode()
+    assert "hvd_probe" in processes
+    assert secret not in processes
+
+    job.join(timeout=300)
+    assert job.error is None, job.error
+    assert job.result is not None
+    assert job.result["val_accuracy"] == 1.0  # the allreduce summed both ranks
+    assert job.result["world_size"] == 2
+    assert len(set(read_json(s3_server, f"{output}/metrics.json")["hosts"])) == 1  # one container
+    log = task_log.text
+    assert secret not in log
+    assert containers_named(podman_engine, "live-logs") == []
+
+
+def test_on_kill_stops_the_running_container(podman_engine, s3_server, task_log):
+    bucket = s3_server.new_bucket("podman")
+    op = docker_op(
+        podman_engine,
+        "s3://unused/data",
+        f"s3://{bucket}/runs/killed",
+        task_id="killed",
+        trainer_args={"hold_seconds": 300},
+        cleanup="delete",
+    )
+
+    job = Running(op)
+    task_log.wait_for("probe rank=0 holding", timeout=300, job=job)
+    (running,) = containers_named(podman_engine, "killed")
+    assert running["State"] == "running"
+
+    op.on_kill()
+    took = job.join(timeout=60)
+    op.on_kill()  # a second call (Airflow may send two) is a no-op
+
+    assert isinstance(job.error, HorovodTrainingError), job.error
+    assert "stopped (on_kill)" in str(job.error)
+    assert took < 45, f"on_kill took {took:.0f}s to stop the container"
+    assert containers_named(podman_engine, "killed") == []
+
+
+def test_failing_trainer_surfaces_exit_code_and_output_tail(podman_engine, s3_server, task_log):
+    bucket = s3_server.new_bucket("podman")
+    missing = f"s3://{bucket}/datasets/mnist/0000000000000000"
+    op = docker_op(
+        podman_engine,
+        missing,
+        f"s3://{bucket}/runs/failed",
+        task_id="failing",
+        entrypoint=("python", "-m", "trainer", "train"),
+        trainer_args={"epochs": 1},
+        cleanup="delete_on_success",  # the default: a failed container is kept to inspect
+    )
+
+    with pytest.raises(HorovodTrainingError) as caught:
+        op.execute(fresh_context())
+
+    error = caught.value
+    message = str(error)
+    assert error.exit_code not in (None, 0)
+    assert f"exited with code {error.exit_code}" in message
+    assert "rank 0 failed first" in message or "rank 1 failed first" in message
+    # The trainer's own last lines, naming what was wrong, are in the exception.
+    assert missing in message
+    assert error.log_tail and any(missing in line for line in error.log_tail)
+    (kept,) = containers_named(podman_engine, "failing")
+    assert kept["Labels"][JOB_LABEL].startswith("hvd-failing-")
+    assert kept["State"] == "exited"
