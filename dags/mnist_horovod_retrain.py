@@ -20,9 +20,9 @@
    then updates `latest.json` — last, so readers never see a half-published model. It emits
    the `latest.json` Asset, which schedules serving-side DAGs.
 
-Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS),
-environment `HVA_BUCKET` (default `horovod-airflow`), `HVA_LAUNCHER` (default launcher for
-the form), `HVA_TRAINER_IMAGE` (image for the docker/kubernetes launchers).
+Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
+the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
+ranks, trainer image, GPUs per rank, Docker network).
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
     DEFAULT_LAUNCHER,
+    DEFAULT_NUM_PROC,
+    DOCKER_NETWORK,
+    GPUS_PER_PROC,
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
     MODEL_NAME,
@@ -67,7 +70,7 @@ def _s3_client() -> Any:
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
     tags=["horovod", "training", "mnist"],
     params={
-        "num_proc": Param(2, type="integer", minimum=1, maximum=512,
+        "num_proc": Param(DEFAULT_NUM_PROC, type="integer", minimum=1, maximum=512,
                           title="Ranks", description="Horovod ranks (processes); one per GPU."),
         "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100,
                         description="Training epochs; empty = the trainer's tuned default."),
@@ -119,6 +122,8 @@ def mnist_horovod_retrain() -> None:
         },
         aws_conn_id=AWS_CONN_ID,
         image=TRAINER_IMAGE,
+        gpus_per_proc=GPUS_PER_PROC,
+        network_mode=DOCKER_NETWORK,
     )
 
     @task.short_circuit
@@ -164,6 +169,8 @@ def mnist_horovod_retrain() -> None:
         data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
         aws_conn_id=AWS_CONN_ID,
         image=TRAINER_IMAGE,
+        gpus_per_proc=GPUS_PER_PROC,
+        network_mode=DOCKER_NETWORK,
     )
 
     @task(outlets=[LATEST_MODEL])
@@ -194,4 +201,4 @@ def mnist_horovod_retrain() -> None:
     publish(staged, train.output, decision, export_onnx.output)
 
 
-mnist_horovod_retrain()
+retrain_dag = mnist_horovod_retrain()

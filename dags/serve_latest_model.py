@@ -51,4 +51,4 @@ def mnist_serve_latest_model() -> None:
     smoke_test_latest()
 
 
-mnist_serve_latest_model()
+serve_dag = mnist_serve_latest_model()

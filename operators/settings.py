@@ -9,6 +9,9 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_BUCKET`` | ``horovod-airflow`` | bucket for datasets, runs and published models |
 | ``HVA_LAUNCHER`` | ``local`` | default launcher in the trigger form |
 | ``HVA_TRAINER_IMAGE`` | ``horovod-airflow/trainer:latest`` | image for docker/kubernetes |
+| ``HVA_NUM_PROC`` | ``2`` | default ranks in the trigger form |
+| ``HVA_GPUS_PER_PROC`` | ``0`` | GPUs each rank requests (docker/kubernetes launchers) |
+| ``HVA_DOCKER_NETWORK`` | unset | network of the training containers (compose: the stack's) |
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ BUCKET_URI = f"s3://{BUCKET}"
 MODEL_NAME = "mnist_cnn"
 DEFAULT_LAUNCHER = os.environ.get("HVA_LAUNCHER", "local")
 TRAINER_IMAGE = os.environ.get("HVA_TRAINER_IMAGE", "horovod-airflow/trainer:latest")
+DEFAULT_NUM_PROC = int(os.environ.get("HVA_NUM_PROC", "2"))
+GPUS_PER_PROC = int(os.environ.get("HVA_GPUS_PER_PROC", "0"))
+DOCKER_NETWORK = os.environ.get("HVA_DOCKER_NETWORK") or None
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/latest.json"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
