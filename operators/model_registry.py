@@ -50,7 +50,7 @@ def read_champion(bucket_uri: str, model_name: str, *, client: Any | None = None
     uri = storage.join(models_prefix(bucket_uri, model_name), LATEST)
     if not storage.exists(uri, client=client):
         return None
-    return json.loads(storage.read_text(uri, client=client))  # type: ignore[no-any-return]
+    return json.loads(storage.read_text(uri, client=client))
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,7 @@ def decide_gate(
     )
     return GateDecision(
         passed=True,
-        reason=(
-            f"accuracy {challenger_accuracy:.4%} >= floor {min_accuracy:.4%}; {against}"
-        ),
+        reason=(f"accuracy {challenger_accuracy:.4%} >= floor {min_accuracy:.4%}; {against}"),
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -173,8 +171,8 @@ def render_summary(
     """A short Markdown summary a person reads next to the model."""
     versions = metrics.get("versions", {})
     champ = gate.get("champion_accuracy")
-    champ_txt = "none (first model)" if champ is None else (
-        f"{champ:.4%} ({gate.get('champion_version')})"
+    champ_txt = (
+        "none (first model)" if champ is None else (f"{champ:.4%} ({gate.get('champion_version')})")
     )
     rows = "\n".join(
         f"| {h['epoch']} | {h['train_loss']:.4f} | {h['val_loss']:.4f} | "
@@ -278,7 +276,11 @@ def publish_model(
         local["summary.md"] = Path(tmp) / "summary.md"
         for name, path in local.items():
             uri = storage.upload_file(path, storage.join(prefix, name), client=client)
-            files[name] = {"uri": uri, "sha256": storage.sha256_file(path), "size": path.stat().st_size}
+            files[name] = {
+                "uri": uri,
+                "sha256": storage.sha256_file(path),
+                "size": path.stat().st_size,
+            }
     final = {k: metrics.get(k) for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
     manifest = {
         "format": FORMAT,
