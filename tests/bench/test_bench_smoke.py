@@ -146,6 +146,47 @@ def test_time_to_accuracy_quick(tmp_path: Path) -> None:
         assert 0 < epoch["ended_after"] <= r["wall_seconds"]
     assert data["ours"]["config"]["max_train_samples"] == 1024
     assert "| ours (trainer defaults) | 1 |" in markdown
+    # --render rebuilds the same Markdown from the saved JSON, without running anything.
+    (tmp_path / "time_to_accuracy_quick.md").unlink()
+    time_to_accuracy.main(["--render", str(tmp_path / "time_to_accuracy_quick.json")])
+    assert (tmp_path / "time_to_accuracy_quick.md").read_text() == markdown
+
+
+def test_time_to_accuracy_speedups_come_from_the_epoch_times() -> None:
+    def recipe(epochs: list[tuple[float, float, float]], wall: float) -> dict:
+        rows = [
+            {"epoch": i + 1, "val_accuracy": acc, "epoch_seconds": sec, "ended_after": end,
+             "train_samples_per_sec": 1.0}
+            for i, (acc, sec, end) in enumerate(epochs)
+        ]  # fmt: skip
+        ttt = time_to_accuracy.first_at_target(rows, "ended_after")
+        config = {"batch_size": 128, "optimizer": "adam", "lr": 0.001}
+        config |= {"lr_schedule": "cosine", "epochs": 2}
+        return {"epochs": rows, "time_to_target": ttt, "wall_seconds": wall, "world_size": 2,
+                "threads_per_rank": 2, "runtime": {}, "config": config}  # fmt: skip
+
+    data = {
+        "ours": recipe([(0.985, 20.0, 40.0), (0.991, 20.0, 60.0)], 70.0),
+        "demo": recipe([(0.98, 200.0, 230.0), (0.985, 200.0, 430.0), (0.9904, 200.0, 630.0)], 640),
+        "quick": False,
+        "load_average_before_demo": [1.0, 1.0, 1.0],
+        "machine": {
+            "cores": 2,
+            "cpu_model": "x",
+            "memory_gib": 1,
+            "gpus": 0,
+            "torch": "t",
+            "torchvision": "v",
+            "horovod": "h",
+            "python": "p",
+            "load_average_at_start": [0.0, 0.0, 0.0],
+        },
+    }
+    assert data["ours"]["time_to_target"] == {"epoch": 2, "seconds": 60.0}
+    markdown = time_to_accuracy.render(data)
+    assert "**10.5×** from launch (target ≥ 10×: met); 15.0× counting only" in markdown
+    data["ours"]["epochs"][1]["ended_after"] = data["ours"]["time_to_target"]["seconds"] = 70.0
+    assert "(target ≥ 10×: MISSED)" in time_to_accuracy.render(data)
 
 
 @pytest.mark.slow
