@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.datasets import stage_local_dataset
-from bench.report import machine, machine_line, md_table, rank_env, run_horovod, write_results
+from bench.report import (
+    default_ranks,
+    machine,
+    machine_line,
+    md_table,
+    rank_env,
+    run_horovod,
+    write_results,
+)
 
 # Operator name fragments → the part of a step they belong to (first match wins).
 GROUPS = (
@@ -137,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=20, help="profiled steps")
         p.add_argument("--warmup", type=int, default=3, help="unprofiled steps first")
-    parser.add_argument("--np", type=int, default=2, help="Horovod ranks (default 2)")
+    parser.add_argument(
+        "--np", type=int, default=None, help="Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
+    )
     parser.add_argument("--quick", action="store_true", help="2 profiled steps (smoke test)")
     parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
     args = parser.parse_args(argv)
@@ -146,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "rank":
         run_rank(args)
         return 0
+    args.np = default_ranks() if args.np is None else args.np
     if args.np < 1:
         parser.error(f"--np must be >= 1, got {args.np}")
     if args.quick:

@@ -109,6 +109,15 @@ def write_results(
     return out / f"{name}.md"
 
 
+def default_ranks(wanted: int = 2) -> int:
+    """``wanted`` ranks on CPU; on a CUDA machine one rank per GPU, at most ``wanted``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return max(1, min(wanted, torch.cuda.device_count()))
+    return wanted
+
+
 def horovodrun() -> str:
     """The venv's horovodrun (next to this Python), else the one on PATH."""
     local = Path(sys.executable).parent / "horovodrun"
@@ -180,6 +189,7 @@ def run_horovod(
             for line in proc.stdout:
                 lines.append((time.perf_counter() - start, line.rstrip("\n")))
                 f.write(line)
+                f.flush()  # so that a long run can be followed with tail -f
             rc = proc.wait()
         finally:
             timer.cancel()

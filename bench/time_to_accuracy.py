@@ -29,6 +29,7 @@ from typing import Any
 from bench.datasets import stage_local_dataset
 from bench.demo_baseline import TARGET_ACCURACY, run_demo
 from bench.report import (
+    default_ranks,
     load_average,
     machine,
     machine_line,
@@ -186,7 +187,9 @@ def speedup_from_launch(data: dict[str, Any]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--np", type=int, default=2, help="Horovod ranks for both (default 2)")
+    parser.add_argument(
+        "--np", type=int, default=None, help="Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
+    )
     parser.add_argument("--demo-epochs", type=int, default=3, help="the demo's 3 by default")
     parser.add_argument("--quick", action="store_true", help="tiny subsets, 1 epoch each")
     parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "--render", type=Path, default=None, help="rebuild the Markdown from a saved .json"
     )
     args = parser.parse_args(argv)
+    args.np = default_ranks() if args.np is None else args.np
     if args.np < 1 or args.demo_epochs < 1:
         parser.error(f"--np and --demo-epochs must be >= 1, got {args.np}, {args.demo_epochs}")
     if args.render:

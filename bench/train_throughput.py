@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.datasets import prepare_torchvision_root, stage_local_dataset
-from bench.report import machine, machine_line, md_table, rank_env, run_horovod, write_results
+from bench.report import (
+    default_ranks,
+    machine,
+    machine_line,
+    md_table,
+    rank_env,
+    run_horovod,
+    write_results,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -282,11 +290,8 @@ def run_rank(args: argparse.Namespace) -> None:
 
 
 def rank_counts() -> list[int]:
-    import torch
-
-    if torch.cuda.is_available():
-        return [n for n in (1, 2) if n <= torch.cuda.device_count()]
-    return [1, 2]
+    """1 and 2 ranks; on CUDA only as many as there are GPUs."""
+    return sorted({1, default_ranks(2)})
 
 
 def run_throughput(
