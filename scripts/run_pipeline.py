@@ -81,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
 
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
 
     print(f"run_pipeline: embedded S3 on {env['AWS_ENDPOINT_URL']}; Airflow home {home}")
     subprocess.run(
@@ -101,12 +105,11 @@ def _run(conf: dict, out: Path) -> int:
     sys.path.insert(0, str(REPO))
     from airflow.sdk import DagRunState
 
-    from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, mnist_horovod_retrain
+    from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag
     from operators.model_registry import read_champion
     from trainer import storage
 
-    dag = mnist_horovod_retrain
-    dag = dag() if callable(dag) and not hasattr(dag, "test") else dag
+    dag = retrain_dag
     start = time.monotonic()
     dag_run = dag.test(run_conf=conf)
     wall = time.monotonic() - start

@@ -33,7 +33,9 @@ def test_stage_is_content_addressed_and_idempotent(s3_server, mnist_subset):
     assert sorted(first["uploaded"]) == sorted(
         [p.name for p in layout.find_source_files(mnist_subset).values()] + ["manifest.json"]
     )
-    staged = layout.parse_manifest(storage.read_bytes(first["uri"] + "/manifest.json", client=client))
+    staged = layout.parse_manifest(
+        storage.read_bytes(first["uri"] + "/manifest.json", client=client)
+    )
     assert staged == manifest
     before = _objects(client, bucket)
 
