@@ -103,6 +103,9 @@ def write_results(
     """Print the Markdown and write ``<results_dir>/<name>.md`` and ``<name>.json``."""
     out = Path(results_dir) if results_dir else RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
+    # Other work on a shared machine skews every figure: say how busy it was at the end too.
+    end = data.setdefault("load_average_at_end", load_average())
+    markdown = markdown.rstrip() + f"\nLoad average at end: {' / '.join(f'{x:.2f}' for x in end)}."
     print(markdown, flush=True)
     (out / f"{name}.md").write_text(markdown.rstrip() + "\n")
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
