@@ -114,12 +114,6 @@ class TrainConfig:
             "an integer in [1, 1024]",
             self.backward_passes_per_step,
         )
-        need(
-            not (self.adasum and self.backward_passes_per_step > 1 and self.fp16_allreduce),
-            "adasum",
-            "not combined with both --fp16-allreduce and --backward-passes-per-step > 1",
-            self.adasum,
-        )
         need(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}", self.precision)
         need(
             self.channels_last in CHANNELS_LAST,

@@ -368,6 +368,14 @@ def run(config: TrainConfig) -> dict[str, Any]:
         f"{rt.size} rank(s), device {rt.device}, {rt.threads} thread(s)/rank, "
         f"precision {rt.precision}, channels_last {rt.channels_last}",
     )
+    if config.adasum and not hvd.mpi_enabled():
+        # Horovod implements Adasum only over MPI (CPU and GPU); Gloo has no Adasum op.
+        raise TrainingError(
+            "--adasum needs Horovod's MPI controller (horovodrun --mpi, Horovod built with MPI); "
+            "this job runs on Gloo: drop --adasum to average gradients"
+        )
+    if config.adasum and rt.size & (rt.size - 1):
+        raise TrainingError(f"--adasum needs a power-of-2 number of ranks, this job has {rt.size}")
     ckpt_uri = storage.join(config.output, CHECKPOINT_NAME)
     metrics_uri = storage.join(config.output, METRICS_NAME)
 

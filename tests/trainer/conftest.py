@@ -35,9 +35,10 @@ def trainer_env(cache_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def horovodrun_command(args: list[str], np_: int = 2) -> list[str]:
+def horovodrun_command(args: list[str], np_: int = 2, gloo: bool = False) -> list[str]:
     return [
         str(VENV_BIN / "horovodrun"),
+        *(["--gloo"] if gloo else []),
         "-np",
         str(np_),
         "-H",
@@ -51,10 +52,10 @@ def horovodrun_command(args: list[str], np_: int = 2) -> list[str]:
 
 
 def run_horovod(
-    args: list[str], cache_dir: Path, np_: int = 2, timeout: int = 600
+    args: list[str], cache_dir: Path, np_: int = 2, timeout: int = 600, gloo: bool = False
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        horovodrun_command(args, np_),
+        horovodrun_command(args, np_, gloo),
         env=trainer_env(cache_dir),
         capture_output=True,
         text=True,

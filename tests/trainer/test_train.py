@@ -105,6 +105,31 @@ def test_dataset_is_verified_into_the_node_cache_once(tiny_run: Run, staged_subs
     )
 
 
+def test_fp16_allreduce_with_accumulation_and_sgd_keeps_ranks_identical(
+    staged_subset: Path, tmp_path: Path
+) -> None:
+    args = ["--data", str(staged_subset), "--output", str(tmp_path / "out"), "--epochs", "1"]
+    args += [*TINY, "--fp16-allreduce", "--backward-passes-per-step", "2"]
+    args += ["--optimizer", "sgd", "--lr", "0.01", "--weight-decay", "1e-4", "--debug-param-hash"]
+    proc = run_horovod(args, tmp_path / "cache")
+    assert proc.returncode == 0, describe(proc)
+    after_step_1 = {e["rank"]: e["hash"] for e in events(proc.stdout, "param_hash") if e["step"]}
+    assert set(after_step_1) == {0, 1} and after_step_1[0] == after_step_1[1]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["config"]["fp16_allreduce"] is True
+    assert metrics["config"]["backward_passes_per_step"] == 2
+
+
+def test_adasum_on_gloo_is_refused_with_a_clear_message(
+    staged_subset: Path, tmp_path: Path
+) -> None:
+    args = ["--data", str(staged_subset), "--output", str(tmp_path / "out"), "--adasum", *TINY]
+    proc = run_horovod(args, tmp_path / "cache", gloo=True)
+    assert proc.returncode != 0
+    assert "--adasum needs Horovod's MPI controller" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_resume_after_kill_completes_with_full_history(staged_subset: Path, tmp_path: Path) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
