@@ -7,7 +7,9 @@ it is stored as a plain dict in ``checkpoint.pt`` (loadable with ``weights_only=
 
 Defaults are the measured fast recipe for 2 CPU ranks on full MNIST (see ``README``/report):
 Adam, per-rank batch 128, base lr 1e-3 scaled linearly by world size, a short linear warmup
-then cosine decay, 2 epochs.
+then cosine decay, 3 epochs. Measured (2 ranks, full MNIST, fp32, 1 thread/rank, on a shared
+and heavily loaded 2-core AMD EPYC): 2 epochs reach 98.56% then 98.76% val accuracy — short of
+99.0%, hence 3 epochs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class TrainConfig:
     data: str  # staged dataset URI: s3://bucket/prefix or a local folder holding manifest.json
     output: str  # where checkpoint.pt and metrics.json go: s3://bucket/prefix or a local folder
     model: str = "mnist_cnn"  # name in trainer.model.MODELS
-    epochs: int = 2  # total epochs of the run (a resumed run ends at the same total)
+    epochs: int = 3  # total epochs of the run (a resumed run ends at the same total)
     batch_size: int = 128  # samples per rank per backward pass
     lr: float = 1e-3  # base learning rate for one rank, before --lr-scaling
     lr_scaling: str = "linear"  # how lr grows with world size: linear (x N), sqrt (x sqrt N), none
