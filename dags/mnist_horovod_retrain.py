@@ -27,6 +27,7 @@ ranks, trainer image, GPUs per rank, Docker network).
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -149,7 +150,7 @@ def mnist_horovod_retrain() -> None:
             json.dumps(decision.as_dict(), indent=2),
             client=client,
         )
-        context["ti"].log.info(
+        logging.getLogger("airflow.task").info(
             "gate %s: challenger %.4f, champion %s, floor %.4f — %s",
             "PASSED" if decision.passed else "FAILED",
             decision.challenger_accuracy,
