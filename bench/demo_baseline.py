@@ -131,10 +131,12 @@ def run_rank(args: argparse.Namespace) -> None:
         train_dataset = Subset(train_dataset, range(args.train_samples))
     if args.val_samples:
         val_dataset = Subset(val_dataset, range(args.val_samples))
-    train_sampler = DistributedSampler(  # distributed: each rank its shard
+    train_sampler: DistributedSampler[Any] = DistributedSampler(  # distributed: each rank its shard
         train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
     )
-    val_sampler = DistributedSampler(val_dataset, num_replicas=hvd.size(), rank=hvd.rank())
+    val_sampler: DistributedSampler[Any] = DistributedSampler(
+        val_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
     train_loader = DataLoader(train_dataset, batch_size=64, sampler=train_sampler)
     val_loader = DataLoader(val_dataset, batch_size=1000, sampler=val_sampler)
 

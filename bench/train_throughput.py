@@ -171,7 +171,9 @@ def run_rank(args: argparse.Namespace) -> None:
 
     # The demo's input pipeline: PIL decode + ToTensor + Normalize per sample, batch 64.
     demo_train = datasets.MNIST(args.root, train=True, download=False, transform=demo_transform())
-    sampler = DistributedSampler(demo_train, num_replicas=rt.size, rank=rt.rank)  # Horovod
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        demo_train, num_replicas=rt.size, rank=rt.rank
+    )  # Horovod
     loader = DataLoader(demo_train, batch_size=DEMO_BATCH, sampler=sampler)
 
     def demo_batches() -> Any:
@@ -384,7 +386,7 @@ def tables(runs: dict[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
 
     ref = two or one
     assert ref is not None
-    by = {}
+    by: dict[str, dict[str, Any]] = {}
     for r in ref["results"]:
         by.setdefault(r["name"], r)  # the first (default-thread) entry of each name
     ours_b64 = next(
