@@ -20,7 +20,12 @@ from operators.staging import stage_dataset
 from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
 from tests.operators.helpers import context
 
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("job_containers_removed")]
+# Each test starts horovodrun and imports torch in a container: over a minute on 2 busy cores.
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("job_containers_removed"),
+]
 
 PROBE = ("python", "-m", "tests.engines.hvd_probe")
 
@@ -107,7 +112,6 @@ def containers_named(engine: PodmanEngine, name_part: str) -> list[dict[str, Any
     return [c for c in engine.job_containers() if any(name_part in n for n in c["Names"])]
 
 
-@pytest.mark.slow
 def test_trainer_two_ranks_in_one_container_returns_metrics(
     podman_engine, s3_server, mnist_subset, task_log
 ):

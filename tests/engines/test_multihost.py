@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from operators import HorovodTrainingError, HorovodTrainOperator
@@ -149,8 +150,17 @@ def test_rank_killed_on_h2_fails_the_task_and_leaves_no_rank(simulated_hosts, ne
         **on_hosts(simulated_hosts),
     )
     job = Running(op)
-    ((pid, _),) = simulated_hosts.wait_for_process("h2", "tests.engines.hvd_probe", timeout=120)
+    ((pid, _),) = simulated_hosts.wait_for_process("h2", "tests.engines.hvd_probe", timeout=300)
     time.sleep(1)  # mid-run: both ranks joined and are holding
+    # horovodrun puts its environment on the ssh and rank command lines: the credentials are
+    # on none of them, on the worker or on either host (one process table for all of them).
+    secret = netns_s3.env["AWS_SECRET_ACCESS_KEY"]
+    leaked = [
+        p.info["pid"]
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if secret in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leaked == []
 
     os.kill(pid, signal.SIGKILL)
     took = job.join(timeout=FAIL_WITHIN_S + 30)
@@ -179,7 +189,7 @@ def test_sshd_killed_on_h2_fails_the_task_naming_the_host(simulated_hosts, netns
         **on_hosts(simulated_hosts),
     )
     job = Running(op)
-    simulated_hosts.wait_for_process("h2", "tests.engines.hvd_probe", timeout=120)
+    simulated_hosts.wait_for_process("h2", "tests.engines.hvd_probe", timeout=300)
     time.sleep(1)
     try:
         sshd = simulated_hosts.sshd_pids("h2")  # the listener and the rank's session
