@@ -9,7 +9,7 @@ Defaults are the measured fast recipe for 2 CPU ranks on full MNIST (see ``READM
 Adam, per-rank batch 128, base lr 1e-3 scaled linearly by world size, a short linear warmup
 then cosine decay, 3 epochs. Measured (2 ranks, full MNIST, fp32, 1 thread/rank, on a shared
 and heavily loaded 2-core AMD EPYC): with 2 epochs 98.76% val accuracy (759 s); with 3 epochs
-98.41/98.74/98.92% (625 s). Both short of the 99.0% goal: the recipe still needs tuning.
+98.41/98.74/98.92% (637 s). Both short of the 99.0% goal: the recipe still needs tuning.
 """
 
 from __future__ import annotations
