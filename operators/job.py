@@ -76,7 +76,8 @@ class HorovodJobOperatorBase(BaseOperator):
     :param docker_conn_id / docker_url: the Docker engine (``docker_url`` defaults to
         ``$DOCKER_HOST`` or the local socket); ``docker_conn_id`` is for registry login.
     :param mounts: docker bind mounts: ``"host:container[:ro]"`` strings or ``docker.types.Mount``.
-    :param shm_size: docker ``/dev/shm`` size (Gloo/NCCL use shared memory).
+    :param ipc_mode: docker IPC namespace, default ``"host"`` (Gloo/NCCL shared memory).
+    :param shm_size: docker ``/dev/shm`` size when ``ipc_mode`` is not ``"host"``.
     :param kubernetes_conn_id / namespace: the cluster for the MPIJob.
     :param slots_per_worker: ranks per MPIJob worker pod (``num_proc`` must be a multiple).
     :param deferrable: kubernetes only: free the worker slot while the MPIJob runs.
@@ -104,7 +105,8 @@ class HorovodJobOperatorBase(BaseOperator):
         docker_conn_id: str | None = None,
         docker_url: str | None = None,
         mounts: Sequence[Any] = (),
-        shm_size: str = "1g",
+        shm_size: str | None = "1g",
+        ipc_mode: str = "host",
         network_mode: str | None = None,
         kubernetes_conn_id: str | None = "kubernetes_default",
         namespace: str | None = None,
@@ -146,6 +148,7 @@ class HorovodJobOperatorBase(BaseOperator):
         self.docker_url = docker_url
         self.mounts = list(mounts)
         self.shm_size = shm_size
+        self.ipc_mode = ipc_mode
         self.network_mode = network_mode
         self.kubernetes_conn_id = kubernetes_conn_id
         self.namespace = namespace
@@ -215,6 +218,7 @@ class HorovodJobOperatorBase(BaseOperator):
                 docker_url=self.docker_url,
                 mounts=self.mounts,
                 shm_size=self.shm_size,
+                ipc_mode=self.ipc_mode,
                 network_mode=self.network_mode,
                 cleanup=self.cleanup,
             )

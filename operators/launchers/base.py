@@ -67,17 +67,32 @@ class LogTail:
 _FIRST_FAILED = re.compile(r"Process name: (\d+)\s*\nExit code: (\d+)")
 
 
-def describe_failure(name: str, exit_code: int, lines: Sequence[str]) -> str:
-    """``job X exited with code 1: rank 1 failed first (exit code 7): <its last lines>``.
+def rank_host(rank: int, hosts: Sequence[Any]) -> str | None:
+    """The ``-H`` host that runs ``rank``: horovodrun fills hosts in order, by slots."""
+    first = 0
+    for host in hosts:
+        if first <= rank < first + host.slots:
+            return str(host.name)
+        first += host.slots
+    return None
+
+
+def describe_failure(
+    name: str, exit_code: int, lines: Sequence[str], hosts: Sequence[Any] = ()
+) -> str:
+    """``job X exited with code 1: rank 1 (host h2) failed first (exit code 7): <its lines>``.
 
     horovodrun ends a failed run with "The first process to do so was: Process name: R /
-    Exit code: C"; the rank's own last lines say why, so they lead the message.
+    Exit code: C"; the rank's own last lines say why, so they lead the message. With
+    ``hosts`` (the ``-H`` list), the failing rank's host is named too.
     """
     message = f"job {name!r} exited with code {exit_code}"
     found = _FIRST_FAILED.search("\n".join(lines))
     if found:
         rank = found.group(1)
-        message += f": rank {rank} failed first (exit code {found.group(2)})"
+        host = rank_host(int(rank), hosts) if rank.isdigit() else None
+        where = f" (host {host})" if host else ""
+        message += f": rank {rank}{where} failed first (exit code {found.group(2)})"
         own = [ln for ln in lines if ln.startswith(f"[{rank}]<") or ln.startswith(f"[{rank},")]
         if own:
             message += "; its last lines:\n  " + "\n  ".join(own[-10:])

@@ -62,7 +62,8 @@ class DockerLauncher(Launcher):
         docker_conn_id: str | None = None,
         docker_url: str | None = None,
         mounts: Sequence[Any] = (),
-        shm_size: str = "1g",
+        shm_size: str | None = "1g",
+        ipc_mode: str = "host",
         network_mode: str | None = None,
         working_dir: str | None = None,
         cleanup: str = "delete",
@@ -73,6 +74,7 @@ class DockerLauncher(Launcher):
         self.docker_url = docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
         self.binds, self.mount_objects = split_mounts(mounts)
         self.shm_size = shm_size
+        self.ipc_mode = ipc_mode
         self.network_mode = network_mode
         self.working_dir = working_dir
         self.cleanup = cleanup
@@ -110,8 +112,11 @@ class DockerLauncher(Launcher):
             device_requests=(
                 [DeviceRequest(count=gpus, capabilities=[["gpu"]])] if gpus > 0 else None
             ),
-            ipc_mode="host",  # Gloo/NCCL shared memory between the ranks
-            shm_size=self.shm_size,
+            # Gloo/NCCL use shared memory between the ranks. With host IPC that is the host's
+            # /dev/shm, and shm_size does not apply (Docker ignores it, podman refuses it).
+            ipc_mode=self.ipc_mode,
+            shm_size=None if self.ipc_mode == "host" else self.shm_size,
+            init=True,  # horovodrun is not PID 1: SIGTERM on stop reaches it at once
             network_mode=self.network_mode,
         )
         return {

@@ -249,7 +249,7 @@ class LocalLauncher(Launcher):
             )
         if exit_code != 0:
             raise HorovodTrainingError(
-                describe_failure(spec.name, exit_code, out.tail()),
+                describe_failure(spec.name, exit_code, out.tail(), self.hosts),
                 exit_code=exit_code,
                 log_tail=out.tail(),
             )

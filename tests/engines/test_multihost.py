@@ -168,14 +168,9 @@ def test_rank_killed_on_h2_fails_the_task_and_leaves_no_rank(simulated_hosts, ne
     error = job.error
     assert isinstance(error, HorovodTrainingError), error
     assert took < FAIL_WITHIN_S, f"the task took {took:.0f}s to fail"
-    assert "rank 1 failed first" in str(error)
-    assert_no_rank_left(simulated_hosts, "tests.engines.hvd_probe")
     h2 = simulated_hosts.addresses["h2"]
-    if h2 not in str(error) and "h2" not in str(error):
-        pytest.xfail(
-            f"the error names rank 1 but not its host {h2}: describe_failure does not map "
-            f"horovodrun's 'Process name: 1' to the -H host of that rank"
-        )
+    assert f"rank 1 (host {h2}) failed first" in str(error)
+    assert_no_rank_left(simulated_hosts, "tests.engines.hvd_probe")
 
 
 def test_sshd_killed_on_h2_fails_the_task_naming_the_host(simulated_hosts, netns_s3, capsys):

@@ -207,3 +207,20 @@ def test_stash_script_moves_secrets_out_of_the_environment():
 
 def test_redact():
     assert redact("key=abcd1234 and abcd1234", ["abcd1234", ""]) == "key=*** and ***"
+
+
+def test_failure_message_names_the_rank_and_its_host():
+    from operators.command import Host
+    from operators.launchers.base import describe_failure
+
+    lines = [
+        "[0]<stdout>:ok",
+        "[2]<stderr>:RuntimeError: boom",
+        "Process name: 2",
+        "Exit code: 7",
+    ]
+    text = "\n".join(lines)
+    hosts = [Host("h1", 2), Host("h2", 2)]
+    message = describe_failure("job", 1, text.splitlines(), hosts)
+    assert "rank 2 (host h2) failed first (exit code 7)" in message
+    assert "[2]<stderr>:RuntimeError: boom" in message

@@ -85,6 +85,14 @@ def launcher(client: FakeDockerClient, **kw: Any) -> DockerLauncher:
     return DockerLauncher(image="hva/trainer:1", client=client, **kw)
 
 
+def test_private_ipc_gets_the_sized_shm():
+    client = FakeDockerClient([], {"StatusCode": 0})
+    launcher(client, ipc_mode="shareable", shm_size="2g").run(spec(), LineLog())
+    host = client.created["host_config"]
+    assert host["IpcMode"] == "shareable"
+    assert host["ShmSize"] == 2 * 1024**3
+
+
 def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
     client = FakeDockerClient([b"[0]<stdout>:hello\n[1]<stdout>:hi\n"], {"StatusCode": 0})
     from docker.types import Mount
@@ -122,7 +130,8 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
         {"Driver": "", "Count": 2, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}
     ]
     assert host["IpcMode"] == "host"
-    assert host["ShmSize"] == 2 * 1024**3
+    assert "ShmSize" not in host  # the host's /dev/shm; podman refuses a size with host IPC
+    assert host["Init"] is True
     assert host["Binds"] == ["/work/main:/work/main:ro"]
     assert host["Mounts"][0]["Source"] == "/opt/venv" and host["Mounts"][0]["ReadOnly"]
     # create → attach(stream, logs) → start → wait → remove, in that order
