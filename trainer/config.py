@@ -5,11 +5,11 @@ stops every rank with one clear message (exit code 2). It holds only JSON-able p
 it is stored as a plain dict in ``checkpoint.pt`` (loadable with ``weights_only=True``) and in
 ``metrics.json``, so every artifact says how it was made.
 
-Defaults are the measured fast recipe for 2 CPU ranks on full MNIST (see ``README``/report):
-Adam, per-rank batch 128, base lr 1e-3 scaled linearly by world size, a short linear warmup
-then cosine decay, 3 epochs. Measured (2 ranks, full MNIST, fp32, 1 thread/rank, on a shared
-and heavily loaded 2-core AMD EPYC): with 2 epochs 98.76% val accuracy (759 s); with 3 epochs
-98.41/98.74/98.92% (637 s). Both short of the 99.0% goal: the recipe still needs tuning.
+Defaults are the measured recipe for 2 CPU ranks on full MNIST (see README, Benchmarks):
+Adam, per-rank batch 64, base lr 1e-3 scaled linearly by world size (0.002 for 2 ranks, the
+demo's rate), a short linear warmup then cosine decay to 0, 3 epochs. Measured (2 ranks, full
+MNIST, fp32, 1 thread/rank, 2-core AMD EPYC shared with other work): 98.67/98.90/99.05% val
+accuracy. Per-rank batch 128 reached only 98.41/98.74/98.92% in 3 epochs (half the steps).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class TrainConfig:
     output: str  # where checkpoint.pt and metrics.json go: s3://bucket/prefix or a local folder
     model: str = "mnist_cnn"  # name in trainer.model.MODELS
     epochs: int = 3  # total epochs of the run (a resumed run ends at the same total)
-    batch_size: int = 128  # samples per rank per backward pass
+    batch_size: int = 64  # samples per rank per backward pass
     lr: float = 1e-3  # base learning rate for one rank, before --lr-scaling
     lr_scaling: str = "linear"  # how lr grows with world size: linear (x N), sqrt (x sqrt N), none
     lr_schedule: str = "cosine"  # after warmup: cosine decay to 0 by the last step, or constant
