@@ -18,6 +18,7 @@ import pytest
 from operators import HorovodTrainingError, HorovodTrainOperator
 from operators.staging import stage_dataset
 from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
+from tests.operators.helpers import TaskLog as OperatorTaskLog
 from tests.operators.helpers import context
 
 # Each test starts horovodrun and imports torch in a container: over a minute on 2 busy cores.
@@ -30,18 +31,8 @@ pytestmark = [
 PROBE = ("python", "-m", "tests.engines.hvd_probe")
 
 
-class TaskLog:
-    """The operator's task log: Airflow 3 logs through structlog to stdout."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self._capsys = capsys
-        self._seen = ""
-
-    @property
-    def text(self) -> str:
-        captured = self._capsys.readouterr()
-        self._seen += captured.out + captured.err
-        return self._seen
+class TaskLog(OperatorTaskLog):
+    """The operator's task log, which a test can wait on while the job runs."""
 
     def wait_for(self, needle: str, timeout: float, job: Running) -> None:
         deadline = time.monotonic() + timeout

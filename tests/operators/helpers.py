@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 PROGRAM = ("python", "-m", "tests.programs.allreduce_program")
 
 
@@ -43,3 +45,17 @@ class LineLog:
         self.lines.append(msg % args if args else msg)
 
     info = warning = error = debug = _add
+
+
+class TaskLog:
+    """The operator's task log: Airflow 3 logs through structlog to stdout."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self._capsys = capsys
+        self._seen = ""
+
+    @property
+    def text(self) -> str:
+        captured = self._capsys.readouterr()
+        self._seen += captured.out + captured.err
+        return self._seen

@@ -11,23 +11,9 @@ import psutil
 import pytest
 
 from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
-from tests.operators.helpers import PROGRAM, context, put_eval_set
+from tests.operators.helpers import PROGRAM, TaskLog, context, put_eval_set
 
 pytestmark = pytest.mark.usefixtures("s3_server")
-
-
-class TaskLog:
-    """The operator's task log: Airflow 3 logs through structlog to stdout."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self._capsys = capsys
-        self._seen = ""
-
-    @property
-    def text(self) -> str:
-        captured = self._capsys.readouterr()
-        self._seen += captured.out + captured.err
-        return self._seen
 
 
 @pytest.fixture
