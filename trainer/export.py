@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ def run_export(
     """Export and check; write ``model.onnx`` (only when parity holds) and ``parity.json``."""
     import torch
 
+    start = time.perf_counter()
     state = load_checkpoint(checkpoint)
     config = TrainConfig.from_dict(state["config"])
     model = build_model(config.model)
@@ -118,6 +120,8 @@ def run_export(
             dataset=dataset.uri,
             model_bytes=path.stat().st_size,
             model_uri=storage.join(output, MODEL_NAME),
+            # load + export + parity check, the exporter's own time (bench/pipeline_overhead)
+            export_seconds=round(time.perf_counter() - start, 3),
         )
         storage.write_text(storage.join(output, PARITY_NAME), json.dumps(report, indent=2))
         if not report["passed"]:

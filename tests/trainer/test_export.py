@@ -53,6 +53,7 @@ def test_export_parity_and_onnx_runs_without_torch(tiny_run: Run, tmp_path: Path
     assert parity["samples"] == 200
     assert parity["max_abs_diff"] <= parity["tolerance"] == 1e-4
     assert parity["argmax_mismatches"] == 0
+    assert parity["export_seconds"] > 0
 
     run = subprocess.run(
         [sys.executable, "-c", ORT_WITHOUT_TORCH, str(out / "model.onnx")],
