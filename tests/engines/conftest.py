@@ -155,9 +155,18 @@ class SimulatedHosts:
         return found
 
     def wait_for_process(self, host: str, needle: str, timeout: float) -> list[tuple[int, str]]:
+        """The running program(s) matching ``needle`` on ``host``, once they run.
+
+        Only processes whose program is Python count: until the rank's ``sh -c … exec``
+        wrapper and ssh's ``bash -c`` line have exec'd, they carry the needle too.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = self.processes(host, needle)
+            found = [
+                (pid, cmd)
+                for pid, cmd in self.processes(host, needle)
+                if Path(cmd.split()[0]).name.startswith("python")
+            ]
             if found:
                 return found
             time.sleep(0.2)
