@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import tempfile
@@ -13,7 +12,7 @@ import numpy as np
 
 from operators.model_registry import read_champion
 from operators.staging import VENDORED_MNIST
-from trainer import storage
+from trainer import layout, storage
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +26,9 @@ class ModelIntegrityError(RuntimeError):
 
 def load_test_images(count: int, folder: Path = VENDORED_MNIST) -> tuple[np.ndarray, np.ndarray]:
     """The first ``count`` MNIST test images (uint8 [N, 28, 28]) and labels."""
-    with gzip.open(folder / "t10k-images-idx3-ubyte.gz", "rb") as f:
-        images = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 28, 28)
-    with gzip.open(folder / "t10k-labels-idx1-ubyte.gz", "rb") as f:
-        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
+    files = layout.find_source_files(folder)
+    images = layout.read_idx(files[("test", "images")])
+    labels = layout.read_idx(files[("test", "labels")])
     return images[:count], labels[:count]
 
 

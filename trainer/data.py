@@ -146,13 +146,7 @@ def _read_idx(path: Path) -> torch.Tensor:
 
         return read_sn3_pascalvincent_tensor(str(path), strict=True)
     except ImportError:
-        import numpy as np
-
-        raw = path.read_bytes()
-        ndim = raw[3]
-        dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-        body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-        return torch.from_numpy(body.reshape(dims).copy())
+        return torch.from_numpy(layout.read_idx(path).copy())
 
 
 def load_split(

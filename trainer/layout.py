@@ -75,6 +75,22 @@ def idx_shape(path: str | os.PathLike[str]) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+def read_idx(path: str | os.PathLike[str]) -> Any:
+    """An unsigned-byte IDX file (plain or .gz) as a numpy uint8 array of its shape."""
+    import numpy as np
+
+    shape = idx_shape(path)
+    with _open(path) as f:
+        raw = f.read()
+    count = 1
+    for d in shape:
+        count *= d
+    offset = 4 + 4 * len(shape)
+    if len(raw) - offset != count:
+        raise DatasetError(f"{path}: header says {shape}, body has {len(raw) - offset} bytes")
+    return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(shape)
+
+
 def find_source_files(folder: str | os.PathLike[str]) -> dict[tuple[str, str], Path]:
     """Locate the four MNIST-format files in a local folder (plain or .gz names)."""
     root = Path(folder)

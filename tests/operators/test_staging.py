@@ -105,3 +105,21 @@ def test_mismatched_image_and_label_counts_are_rejected(tmp_path, mnist_subset):
     )
     with pytest.raises(layout.DatasetError, match="split 'train'"):
         layout.build_manifest("mnist", layout.find_source_files(mnist_subset))
+
+
+def test_read_idx_matches_torchvision_and_rejects_a_truncated_body(tmp_path, mnist_subset):
+    import gzip
+
+    from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
+
+    gz = mnist_subset / "train-labels-idx1-ubyte.gz"
+    plain = tmp_path / "train-labels-idx1-ubyte"
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    labels = layout.read_idx(gz)
+    assert labels.shape == (2000,)
+    assert labels[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]  # MNIST's first labels
+    assert (labels == read_sn3_pascalvincent_tensor(str(plain)).numpy()).all()
+
+    plain.write_bytes(plain.read_bytes()[:-1])
+    with pytest.raises(layout.DatasetError, match="header says"):
+        layout.read_idx(plain)
