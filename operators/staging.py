@@ -33,10 +33,10 @@ def _resolve_source(source: str, workdir: Path, client: Any) -> Path:
         return path
     if source.startswith("s3://"):
         dest = workdir / "source"
-        wanted = {stem: (stem, stem + ".gz") for stem in layout.STEMS.values()}
+        wanted = {n for stem in layout.STEMS.values() for n in (stem, stem + ".gz")}
         for uri in storage.list_uris(source, client=client):
             name = uri.rsplit("/", 1)[-1]
-            if any(name in names for names in wanted.values()):
+            if name in wanted:
                 storage.download_file(uri, dest / name, client=client)
         if not dest.is_dir():
             raise layout.DatasetError(
