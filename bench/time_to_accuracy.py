@@ -9,7 +9,7 @@ train / 10,000 test) with ``horovodrun -np 2``:
 
 Time to target = seconds from launching ``horovodrun`` to the end of the validation of the
 first epoch whose allreduced accuracy on all 10,000 test images is ≥ 99.0 % (startup, data
-loading and all earlier epochs included; for ours, the arrival of rank 0's epoch line).
+loading and all earlier epochs included; for ours, the arrival of rank 0's JSON epoch event).
 Run from the repository root (takes ~12 minutes on 2 cores, most of it the demo)::
 
     python -m bench.time_to_accuracy
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from bench.datasets import stage_local_dataset
 from bench.demo_baseline import TARGET_ACCURACY, run_demo
 from bench.report import (
     default_ranks,
+    json_events,
     load_average,
     machine,
     machine_line,
@@ -40,15 +40,16 @@ from bench.report import (
 )
 
 TARGET_SPEEDUP = 10.0
-# Rank 0's per-epoch log line of trainer.train.run, e.g.
-#   [1,0]<stderr>:[trainer] epoch 1/2: train_loss 0.2 val_loss 0.05 val_accuracy 0.9843 ...
-EPOCH_LINE = re.compile(r"\[trainer\] epoch (\d+)/\d+: .*?val_accuracy ([0-9.]+)")
 
 
 def run_ours(
     workdir: Path, *, np: int = 2, extra_args: list[str] | None = None, timeout: float = 3600
 ) -> dict[str, Any]:
-    """Run our trainer with its defaults under ``horovodrun -np N``; time each epoch's end."""
+    """Run our trainer with its defaults under ``horovodrun -np N``; time each epoch's end.
+
+    The end of an epoch is the arrival of rank 0's ``{"event": "epoch", ...}`` line (printed
+    right after the allreduced validation); metrics.json must agree with those lines.
+    """
     staged = stage_local_dataset(workdir / "staged")
     output = workdir / "ours-output"
     args = ["trainer", "train", "--data", str(staged), "--output", str(output)]
@@ -56,18 +57,19 @@ def run_ours(
     env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache")})
     run = run_horovod(np, args, log=workdir / "ours.log", timeout=timeout, env=env)
     metrics = json.loads((output / "metrics.json").read_text())
-    ended = {}
-    for t, line in run.lines:
-        match = EPOCH_LINE.search(line)
-        if match:
-            ended[int(match.group(1))] = (t, float(match.group(2)))
+    ended = {int(e["epoch"]): (t, e) for t, e in json_events(run, "epoch")}
     epochs = []
     for h in metrics["history"]:
-        seen = ended.get(h["epoch"])
-        if seen and abs(seen[1] - h["val_accuracy"]) > 1e-4:
+        if h["epoch"] not in ended:
             raise RuntimeError(
-                f"epoch {h['epoch']}: log says val_accuracy {seen[1]}, metrics.json says "
-                f"{h['val_accuracy']}; the log line format of trainer.train changed"
+                f"rank 0 printed no epoch event for epoch {h['epoch']} in {run.log}; "
+                "trainer.train.run must print one JSON line per epoch"
+            )
+        t, event = ended[h["epoch"]]
+        if event["val_accuracy"] != h["val_accuracy"]:
+            raise RuntimeError(
+                f"epoch {h['epoch']}: the epoch event says val_accuracy {event['val_accuracy']}, "
+                f"metrics.json says {h['val_accuracy']}"
             )
         epochs.append(
             {
@@ -76,13 +78,8 @@ def run_ours(
                 "val_accuracy": h["val_accuracy"],
                 "val_loss": h["val_loss"],
                 "train_samples_per_sec": round(h["samples_per_sec"], 1),
-                "ended_after": round(seen[0], 1) if seen else None,
+                "ended_after": round(t, 1),
             }
-        )
-    if any(e["ended_after"] is None for e in epochs):
-        raise RuntimeError(
-            f"could not find rank 0's per-epoch lines ({EPOCH_LINE.pattern}) in {run.log}; "
-            "the log line format of trainer.train changed"
         )
     return {
         "world_size": metrics["world_size"],

@@ -7,9 +7,10 @@ over all ranks, each repeat timed by its slowest rank):
 - the demo's input pipeline alone: torchvision ``MNIST`` + ``DataLoader`` (batch 64,
   ``DistributedSampler``) decoding a PIL image and running ``ToTensor``/``Normalize`` per
   sample, torch's default threads per rank;
-- our trainer's data path alone: the normalized in-memory tensors of ``trainer.data.load_split``
-  sliced with the trainer's per-epoch shard (``trainer.train.epoch_indices``), batch 64 (for
-  the like-for-like ratio) and the trainer's default batch;
+- our trainer's data path alone: ``trainer.train.batches`` over the normalized in-memory tensors
+  of ``trainer.data.load_split`` and the trainer's per-epoch shard
+  (``trainer.train.epoch_indices``), batch 64 (for the like-for-like ratio) and the trainer's
+  default batch;
 - whole training steps: the demo's (its data + ``Net`` + Adam + ``DistributedOptimizer``, default
   threads, and again at our thread policy to separate the two effects) and ours
   (``trainer.train.train_one_epoch`` on exactly N steps, trainer defaults);
@@ -191,19 +192,19 @@ def run_rank(args: argparse.Namespace) -> None:
 
     measure("demo input pipeline", DEMO_BATCH, DEFAULT_THREADS, demo_data_step)
 
-    # Our data path: slices of the in-memory normalized tensors (what train_one_epoch does).
+    # Our data path: trainer.train.batches over this rank's shard of the epoch permutation.
     memory_format = torch.channels_last if rt.channels_last else torch.contiguous_format
     shard = train.epoch_indices(x.shape[0], rt, config.seed, 0).to(device)
 
     def our_data_step_of(batch: int) -> Callable[[], None]:
-        position = [0]
+        def endless() -> Any:
+            while True:
+                yield from train.batches(x, y, shard, batch, memory_format)
+
+        stream = endless()
 
         def step() -> None:
-            start = position[0] if position[0] + batch <= shard.numel() else 0
-            b = shard[start : start + batch]
-            position[0] = start + batch
-            x.index_select(0, b).contiguous(memory_format=memory_format)
-            y.index_select(0, b)
+            next(stream)
 
         return step
 

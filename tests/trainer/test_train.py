@@ -94,6 +94,15 @@ def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Pa
     assert final["param_hash"] == metrics["param_hash"]
     assert len(events(tiny_run.proc.stdout, "final_metrics")) == 1  # rank 0 alone reports
 
+    (epoch_event,) = events(tiny_run.proc.stdout, "epoch")  # one per epoch, rank 0 alone
+    assert epoch_event == {
+        "event": "epoch",
+        **entry,
+        "of_epochs": 1,
+        "val_correct": metrics["val_correct"],
+        "val_samples": 500,
+    }
+
 
 def test_dataset_is_verified_into_the_node_cache_once(tiny_run: Run, staged_subset: Path) -> None:
     manifest = json.loads((staged_subset / "manifest.json").read_text())
