@@ -15,6 +15,7 @@ import pytest
 
 from bench import (
     demo_baseline,
+    horovod_cycle,
     pipeline_overhead,
     profile_step,
     time_to_accuracy,
@@ -87,6 +88,8 @@ def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
         (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
         (profile_step, ["--steps", "0"], "--steps must be >= 1 and --warmup >= 0, got 0, 3"),
+        (horovod_cycle, ["--cycles", "0"], "--cycles takes milliseconds > 0, got [0.0]"),
+        (horovod_cycle, ["--samples", "3"], "--samples >= 2 x np, got 2, 4, 3"),
     ],
 )
 def test_bad_arguments_are_named(module, argv, message, capsys) -> None:
@@ -110,6 +113,17 @@ def test_demo_baseline_quick(tmp_path: Path) -> None:
     assert epoch["train_seconds"] > 0 and epoch["train_samples_per_sec"] > 0
     assert 0 < result["startup_seconds"] < result["wall_seconds"]
     assert "| epoch | train s |" in markdown
+
+
+def test_horovod_cycle_quick(tmp_path: Path) -> None:
+    horovod_cycle.main(["--quick", "--cycles", "1", "10", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "horovod_cycle_quick")
+    default, ours = data["results"]
+    assert (default["cycle_ms"], default["horovod_default"]) == (1.0, True)
+    assert (ours["cycle_ms"], ours["trainer_default"]) == (10.0, True)
+    for r in data["results"]:
+        assert len(r["samples_per_sec"]) == 1 and r["median"] == r["samples_per_sec"][0] > 0
+    assert "| 1 ms (Horovod default) |" in markdown and "| 10 ms (trainer on CPU) |" in markdown
 
 
 @pytest.mark.slow
@@ -187,6 +201,19 @@ def test_time_to_accuracy_speedups_come_from_the_epoch_times() -> None:
     assert "**10.5×** from launch (target ≥ 10×: met); 15.0× counting only" in markdown
     data["ours"]["epochs"][1]["ended_after"] = data["ours"]["time_to_target"]["seconds"] = 70.0
     assert "(target ≥ 10×: MISSED)" in time_to_accuracy.render(data)
+    assert "Mean epoch (training + validation): ours 20.0 s, the demo 200.0 s (10.0×)" in markdown
+
+    # The demo ends below the target: its wall time is a lower bound on its time to target.
+    data["demo"]["epochs"][2]["val_accuracy"] = 0.9879
+    data["demo"]["time_to_target"] = time_to_accuracy.first_at_target(
+        data["demo"]["epochs"], "ended_after"
+    )
+    assert data["demo"]["time_to_target"] is None
+    markdown = time_to_accuracy.render(data)
+    assert "**more than 9.1×** from launch (target ≥ 10×: MISSED)" in markdown
+    assert "its 3 epochs ended after 640 s" in markdown
+    data["ours"]["time_to_target"] = None
+    assert "not computable (our recipe did not reach the target)" in time_to_accuracy.render(data)
 
 
 @pytest.mark.slow

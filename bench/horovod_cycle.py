@@ -1,0 +1,142 @@
+"""Horovod's background cycle on CPU ranks: its own default against the trainer's 10 ms.
+
+On a CPU node the Horovod background thread (which wakes every ``HOROVOD_CYCLE_TIME`` ms to
+negotiate ready tensors) shares the cores that run the ranks' compute. ``trainer.train``
+therefore sets a 10 ms cycle on CPU unless ``HOROVOD_CYCLE_TIME`` is already set. This
+benchmark measures that choice: in one invocation it alternates trainer runs (``horovodrun
+-np N``, same data, same seed, trainer defaults otherwise) with ``HOROVOD_CYCLE_TIME`` set to
+each value under test, and reports rank 0's training samples/s (from the trainer's epoch
+event) as the median of the repeats. Alternating spreads slow spells of a shared machine
+over every setting instead of one.
+
+Run from the repository root (~6 minutes on 2 cores)::
+
+    python -m bench.horovod_cycle                       # 1 ms (Horovod's default) vs 10 ms
+    python -m bench.horovod_cycle --cycles 1 5 10 20 --repeats 3
+    python -m bench.horovod_cycle --quick               # 1 repeat on 2,048 samples (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.datasets import stage_local_dataset
+from bench.report import (
+    default_ranks,
+    json_events,
+    machine,
+    machine_line,
+    md_table,
+    rank_env,
+    run_horovod,
+    write_results,
+)
+
+# Horovod 0.28's own default cycle (horovod/common/operations.cc: the parameter manager starts
+# at 1 ms when HOROVOD_CYCLE_TIME is unset); the trainer's CPU choice.
+HOROVOD_DEFAULT_MS = 1.0
+TRAINER_CPU_MS = 10.0
+
+
+def one_run(workdir: Path, np: int, cycle_ms: float, samples: int, tag: str) -> float:
+    """Train one epoch on ``samples`` images with the given cycle; rank 0's samples/s."""
+    staged = stage_local_dataset(workdir / "staged")
+    args = ["trainer", "train", "--data", str(staged), "--output", str(workdir / f"out-{tag}")]
+    args += ["--epochs", "1", "--max-train-samples", str(samples), "--max-val-samples", "1000"]
+    args += ["--log-interval", "0"]
+    env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache"), "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}"})
+    run = run_horovod(np, args, log=workdir / f"{tag}.log", timeout=1800, env=env)
+    events = json_events(run, "epoch")
+    if len(events) != 1:
+        raise RuntimeError(f"expected one epoch event in {run.log}, found {len(events)}")
+    return float(events[0][1]["samples_per_sec"])
+
+
+def render(data: dict[str, Any]) -> str:
+    base = data["results"][0]
+    rows = []
+    for r in data["results"]:
+        rows.append(
+            [
+                f"{r['cycle_ms']:g} ms"
+                + (" (Horovod default)" if r["horovod_default"] else "")
+                + (" (trainer on CPU)" if r["trainer_default"] else ""),
+                ", ".join(f"{v:,.0f}" for v in r["samples_per_sec"]),
+                f"{r['median']:,.0f}",
+                f"{r['median'] / base['median']:.2f}×",
+            ]
+        )
+    table = md_table(
+        ["HOROVOD_CYCLE_TIME", "samples/s per repeat (run order)", "median", "vs first row"],
+        rows,
+    )
+    notes = (
+        f"{data['np']} ranks, one epoch of {data['samples']:,} training images each run "
+        f"(trainer defaults otherwise), settings alternated {data['repeats']} time(s); "
+        "samples/s = the trainer's own epoch figure (rank 0, training loop only)."
+    )
+    title = "### Horovod cycle time on CPU ranks" + (" (quick)" if data["quick"] else "")
+    return "\n".join([title, "", table, "", notes, "", machine_line(data["machine"])])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--cycles",
+        type=float,
+        nargs="+",
+        default=[HOROVOD_DEFAULT_MS, TRAINER_CPU_MS],
+        help="HOROVOD_CYCLE_TIME values in ms (default: 1 10)",
+    )
+    parser.add_argument("--repeats", type=int, default=4, help="alternations (median reported)")
+    parser.add_argument("--samples", type=int, default=20000, help="training images per run")
+    parser.add_argument("--np", type=int, default=None, help="Horovod ranks (default 2)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat on 2,048 samples")
+    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.samples = 1, 2048
+    args.np = default_ranks() if args.np is None else args.np
+    if args.np < 1 or args.repeats < 1 or args.samples < 2 * args.np:
+        parser.error(
+            f"--np and --repeats must be >= 1 and --samples >= 2 x np, got {args.np}, "
+            f"{args.repeats}, {args.samples}"
+        )
+    if any(c <= 0 for c in args.cycles):
+        parser.error(f"--cycles takes milliseconds > 0, got {args.cycles}")
+
+    m = machine()
+    rates: dict[float, list[float]] = {c: [] for c in args.cycles}
+    with tempfile.TemporaryDirectory(prefix="hva-cycle-") as tmp:
+        for i in range(args.repeats):
+            for c in args.cycles:
+                rates[c].append(one_run(Path(tmp), args.np, c, args.samples, f"{c:g}ms-{i}"))
+    data = {
+        "machine": m,
+        "quick": args.quick,
+        "np": args.np,
+        "samples": args.samples,
+        "repeats": args.repeats,
+        "results": [
+            {
+                "cycle_ms": c,
+                "samples_per_sec": [round(v, 1) for v in rates[c]],
+                "median": statistics.median(rates[c]),
+                "horovod_default": c == HOROVOD_DEFAULT_MS,
+                "trainer_default": c == TRAINER_CPU_MS,
+            }
+            for c in args.cycles
+        ],
+    }
+    name = "horovod_cycle_quick" if args.quick else "horovod_cycle"
+    write_results(name, render(data), data, args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
