@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "cycle_ms": c,
                 "samples_per_sec": [round(v, 1) for v in rates[c]],
-                "median": statistics.median(rates[c]),
+                "median": round(statistics.median(rates[c]), 1),
                 "horovod_default": c == HOROVOD_DEFAULT_MS,
                 "trainer_default": c == TRAINER_CPU_MS,
             }

@@ -13,7 +13,7 @@ over all ranks, each repeat timed by its slowest rank):
   default batch;
 - whole training steps: the demo's (its data + ``Net`` + Adam + ``DistributedOptimizer``, default
   threads, and again at our thread policy to separate the two effects) and ours
-  (``trainer.train.train_one_epoch`` on exactly N steps, trainer defaults);
+  (``trainer.train.train_one_epoch`` over 10 batches per rank a call, trainer defaults);
 - model-only compute on one in-memory batch: fp32 against bf16 autocast + channels_last.
 
 Run from the repository root::
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from trainer.train import Runtime
 
 DEMO_BATCH = 64
+OUR_STEPS_PER_CALL = 10  # trainer steps per timed call of "our training step"
 DEFAULT_THREADS = "torch default threads"  # the demo's: one per core in every rank
 OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (trainer.train.setup_runtime)
 
@@ -65,12 +66,19 @@ OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (trainer.train.setup_runt
 
 
 def our_training_step(
-    config: TrainerConfig, rt: Runtime, device: torch.device, x: torch.Tensor, y: torch.Tensor
+    config: TrainerConfig,
+    rt: Runtime,
+    device: torch.device,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: int = 1,
 ) -> Callable[[], None]:
-    """One optimizer step of every rank through ``trainer.train.train_one_epoch`` itself.
+    """``steps`` optimizer steps of every rank through ``trainer.train.train_one_epoch`` itself.
 
     The trainer's model, optimizer and ``DistributedOptimizer`` wrapping as in
-    ``trainer.train.run``; an "epoch" over exactly one batch per rank is one real step.
+    ``trainer.train.run``; an "epoch" over exactly ``steps`` batches per rank. Each call also
+    pays what the trainer pays once per epoch (the shard permutation and the blocking
+    allreduce of the loss sums), so a throughput figure wants ``steps`` > 1 to spread it.
     """
     import horovod.torch as hvd
     import torch
@@ -89,7 +97,7 @@ def our_training_step(
         op=hvd.Average,
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod
-    chunk = config.batch_size * rt.size  # one batch for every rank
+    chunk = config.batch_size * rt.size * steps  # `steps` batches for every rank
     x_step, y_step = x[:chunk], y[:chunk]
 
     def step() -> None:
@@ -128,11 +136,19 @@ def run_rank(args: argparse.Namespace) -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    def measure(name: str, batch: int, policy: str, step: Callable[[], None], **extra: Any) -> None:
-        """Time ``step`` (one batch per rank): warm-up, then ``repeats`` timed runs of N steps.
+    def measure(
+        name: str,
+        batch: int,
+        policy: str,
+        step: Callable[[], None],
+        steps_per_call: int = 1,
+        **extra: Any,
+    ) -> None:
+        """Time ``step`` (``steps_per_call`` batches per rank): warm-up, then ``repeats`` timed
+        runs of N calls.
 
         N is sized from the warm-up so that one repeat lasts about ``--seconds`` (between 2
-        and ``--steps`` steps): slow configurations stay affordable, fast ones are not noise.
+        and ``--steps`` calls): slow configurations stay affordable, fast ones are not noise.
         """
         threads = default_threads if policy == DEFAULT_THREADS else our_threads
         if not cuda:
@@ -154,14 +170,14 @@ def run_rank(args: argparse.Namespace) -> None:
             sync()
             elapsed = torch.tensor([time.perf_counter() - t0])
             slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed"))
-            rates.append(rt.size * batch * steps / slowest)
+            rates.append(rt.size * batch * steps_per_call * steps / slowest)
         results.append(
             {
                 "name": name,
                 "batch_per_rank": batch,
                 "threads_per_rank": threads,
                 "threads": policy,
-                "steps": steps,
+                "steps": steps * steps_per_call,
                 "samples_per_sec": rates,
                 "median": statistics.median(rates),
                 **extra,
@@ -236,15 +252,17 @@ def run_rank(args: argparse.Namespace) -> None:
     if not cuda and our_threads != default_threads:
         measure("demo training step", DEMO_BATCH, OUR_THREADS, demo_train_step)
 
-    # Our training step: trainer.train.train_one_epoch over exactly `steps` batches per rank.
+    # Our training steps: trainer.train.train_one_epoch over OUR_STEPS_PER_CALL batches per
+    # rank a call (its once-per-epoch loss allreduce would otherwise be timed as every step's).
     torch.manual_seed(config.seed)
-    our_train_step = our_training_step(config, rt, device, x, y)
+    our_train_step = our_training_step(config, rt, device, x, y, steps=OUR_STEPS_PER_CALL)
 
     measure(
         "our training step",
         config.batch_size,
         OUR_THREADS,
         our_train_step,
+        steps_per_call=OUR_STEPS_PER_CALL,
         precision=rt.precision,
         channels_last=rt.channels_last,
     )

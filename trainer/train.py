@@ -99,11 +99,11 @@ def resolve_precision(config: TrainConfig, device: torch.device) -> tuple[str, b
     return precision, channels_last
 
 
-# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms to negotiate ready tensors. On
-# CPU ranks it takes its cycles from the cores doing the compute; 10 ms instead of Horovod's own
-# default measured ~+20 % samples/s (2 ranks, 2 cores, this CNN: medians of alternating runs,
-# README "Benchmarks"). A step here lasts ~150 ms, so the later negotiation costs little. GPU
-# ranks keep Horovod's default (their steps are milliseconds long).
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to
+# negotiate ready tensors. On CPU ranks it takes its cycles from the cores doing the compute;
+# 10 ms measured +17 % samples/s (2 ranks on 2 cores, this CNN, medians of 4 alternating runs:
+# 724 -> 848; bench/horovod_cycle.py). A step here lasts ~150 ms, so a later negotiation costs
+# little. GPU ranks keep Horovod's default (their steps last milliseconds).
 CPU_CYCLE_TIME_MS = "10"
 
 
