@@ -122,6 +122,30 @@ def read_text(uri: str, *, client: Any | None = None) -> str:
     return read_bytes(uri, client=client).decode("utf-8")
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux reports it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: the classic read-by-setting, restored at once
+    os.umask(mask)
+    return mask
+
+
+def _temp_beside(dest: Path) -> tuple[int, str]:
+    """An open temporary file next to ``dest`` with the mode ``open()`` would give ``dest``.
+
+    ``mkstemp`` creates 0600 files; after the rename that would hide artifacts from the other
+    users of a shared folder or volume (a serving container, a second Airflow worker).
+    """
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
 def write_bytes(uri: str, data: bytes, *, client: Any | None = None) -> str:
     """Write ``data`` at ``uri`` atomically; return the URI."""
     loc = parse(uri)
@@ -130,7 +154,7 @@ def write_bytes(uri: str, data: bytes, *, client: Any | None = None) -> str:
         return uri
     path = Path(loc.key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -155,7 +179,7 @@ def upload_file(local_path: str | os.PathLike[str], uri: str, *, client: Any | N
         return uri
     dest = Path(loc.key)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(dest)
     os.close(fd)
     try:
         shutil.copyfile(local_path, tmp)
@@ -172,7 +196,7 @@ def download_file(
     """Copy ``uri`` to a local file, atomically (a partial download never has the final name)."""
     dest = Path(local_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(dest)
     os.close(fd)
     loc = parse(uri)
     try:
