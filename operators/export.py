@@ -1,8 +1,11 @@
 """``HorovodExportOperator``: export a checkpoint to ONNX and check parity, as one process.
 
 ``python -m trainer export --checkpoint C --output O [--data D]`` runs through the same
-launchers as training (no horovodrun: one process), so the export works where the Airflow
-worker has no torch. Returns what ``<output>/parity.json`` says.
+launchers as training, so the export works where the Airflow worker has no torch: as a
+process (local) or one container (docker), without horovodrun; on Kubernetes as a one-rank
+MPIJob (``horovodrun -np 1`` on one worker pod), so that it shares the training's image,
+credential Secret, cleanup policy and deferrable trigger. Returns what
+``<output>/parity.json`` says.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class HorovodExportOperator(HorovodJobOperatorBase):
     :param require_parity: raise ``HorovodTrainingError`` when parity.json says not passed.
 
     Returns ``{onnx_uri, parity_uri, max_abs_diff, argmax_mismatches, passed}``.
-    Supports ``launcher="local"`` and ``"docker"`` (a Kubeflow MPIJob is for many ranks).
+    ``launcher="kubernetes"`` runs it as a one-rank MPIJob (``slots_per_worker`` is ignored:
+    one worker pod with ``gpus_per_proc`` GPUs); ``deferrable=True`` applies there too.
     """
 
     template_fields: Sequence[str] = (
@@ -57,7 +61,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
     ) -> None:
         super().__init__(**kwargs)
         if not is_templated(self.launcher):
-            self.check_export_launcher()
+            check_launcher(self.launcher, self.image)
         for field, value in (("checkpoint", checkpoint), ("output", output)):
             if not value or not isinstance(value, str):
                 raise ValueError(f"{field} must be a URI (s3://... or a path), got {value!r}")
@@ -74,16 +78,8 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         self.export_args = export_args
         self.require_parity = require_parity
 
-    def check_export_launcher(self) -> None:
-        check_launcher(self.launcher, self.image)
-        if self.launcher == "kubernetes":
-            raise ValueError(
-                "launcher='kubernetes' is not supported for the export (one process, not an "
-                "MPIJob); use 'local' or 'docker', or KubernetesPodOperator"
-            )
-
     def build_spec(self, context: Context) -> JobSpec:
-        self.check_export_launcher()
+        check_launcher(self.launcher, self.image)
         argv = [*self.entrypoint, "--checkpoint", self.checkpoint, "--output", self.output_uri]
         if self.data:
             argv += ["--data", self.data]
@@ -109,11 +105,22 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from trainer import storage
-
         spec = self.build_spec(context)
         self.log.info("exporting with %s: %s", self.launcher, shlex.join(spec.argv))
         self.run_job(spec, context)
+        return self.collect_parity()
+
+    def execute_complete(
+        self, context: Context, event: Mapping[str, Any], ref: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Resume after the MPIJob trigger fired (deferrable kubernetes launcher)."""
+        self.finish_deferred(event, ref)
+        return self.collect_parity()
+
+    def collect_parity(self) -> dict[str, Any]:
+        """Read ``<output>/parity.json``; raise when it failed and ``require_parity`` is set."""
+        from trainer import storage
+
         parity_uri = storage.join(self.output_uri, "parity.json")
         parity = self.read_json(parity_uri, "parity.json")
         missing = [k for k in ("max_abs_diff", "argmax_mismatches", "passed") if k not in parity]

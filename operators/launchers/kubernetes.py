@@ -180,8 +180,11 @@ class KubernetesLauncher(Launcher):
         return self._namespace or self.hook.get_namespace() or "default"
 
     def manifest(self, spec: JobSpec) -> dict[str, Any]:
+        """The MPIJob; a one-process job (``spec.distributed`` False, e.g. the export) runs as
+        one rank on one worker pod, whatever ``slots_per_worker`` the training uses."""
+        slots = self.slots_per_worker if spec.distributed else 1
         return build_mpijob(
-            spec, image=self.image, namespace=self.namespace, slots_per_worker=self.slots_per_worker
+            spec, image=self.image, namespace=self.namespace, slots_per_worker=slots
         )
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:

@@ -14,7 +14,12 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
-from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
+from operators import (
+    HorovodExportOperator,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+    HorovodTrainOperator,
+)
 from operators.command import RANK_ENV_WRAPPER
 from operators.launchers.base import JobSpec
 from operators.launchers.kubernetes import KubernetesLauncher, build_mpijob, mpijob_phase
@@ -50,10 +55,12 @@ class FakeCore:
         self.secrets: dict[str, Any] = {}
         self.deleted: list[str] = []
         self.log_text = log_text
+        self.created_secret_text = ""  # every Secret's data, kept after deletion
         self.selectors: list[str] = []
 
     def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[body["metadata"]["name"]] = body
+        self.created_secret_text += json.dumps(body["stringData"])
 
     def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[name]["metadata"].update(body["metadata"])
@@ -78,6 +85,7 @@ class FakeHook:
         self.phases = list(phases)
         self.core_v1_client = FakeCore(log_text)
         self.objects: dict[str, dict[str, Any]] = {}
+        self.created: dict[str, dict[str, Any]] = {}  # kept after deletion
         self.deleted: list[str] = []
 
     def get_namespace(self) -> str:
@@ -86,6 +94,7 @@ class FakeHook:
     def create_custom_object(self, group, version, plural, body, namespace=None):
         assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
         self.objects[body["metadata"]["name"]] = body
+        self.created[body["metadata"]["name"]] = body
         return {**body, "metadata": {**body["metadata"], "uid": "uid-123"}}
 
     def get_custom_object(self, group, version, plural, name, namespace=None):
@@ -310,3 +319,69 @@ def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
         result = op.execute_complete(context(), event=event, **kwargs)
     assert result["val_accuracy"] == 0.95 and result["world_size"] == 4
     assert hook.deleted == [name]
+
+
+def export_op(bucket: str, **kw: Any) -> HorovodExportOperator:
+    return HorovodExportOperator(
+        task_id="export_onnx",
+        launcher="kubernetes",
+        image="hva/trainer:1",
+        checkpoint=f"s3://{bucket}/out/checkpoint.pt",
+        output=f"s3://{bucket}/out/onnx",
+        data=f"s3://{bucket}/d",
+        slots_per_worker=2,  # the training's; the one-process export uses one slot
+        gpus_per_proc=1,
+        namespace="ml",
+        poll_interval=0.01,
+        **kw,
+    )
+
+
+def put_parity(s3_server: Any, bucket: str, passed: bool = True) -> None:
+    parity = {"max_abs_diff": 7.6e-6, "argmax_mismatches": 0, "passed": passed}
+    s3_server.client().put_object(
+        Bucket=bucket, Key="out/onnx/parity.json", Body=json.dumps(parity).encode()
+    )
+
+
+def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
+    bucket = s3_server.new_bucket()
+    put_parity(s3_server, bucket)
+    hook = FakeHook([RUNNING, SUCCEEDED], log_text="[0]<stdout>:exported")
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        result = export_op(bucket).execute(context())
+
+    assert result["passed"] is True and result["max_abs_diff"] == 7.6e-6
+    assert result["onnx_uri"] == f"s3://{bucket}/out/onnx/model.onnx"
+    (name,) = hook.deleted  # delete_on_success
+    body = hook.created[name]
+    assert body["spec"]["slotsPerWorker"] == 1
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    assert replicas["Worker"]["replicas"] == 1
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    host = f"{name}-worker-0.{name}.ml.svc:1"
+    assert command[:5] == ["horovodrun", "-np", "1", "-H", host]
+    program = command[5 + len(RANK_ENV_WRAPPER) :]
+    assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
+    assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
+    # Credentials reach the rank through the Secret, never the manifest.
+    s3_secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    assert s3_secret not in json.dumps(body)
+    assert f"AWS_SECRET_ACCESS_KEY={s3_secret}" in hook.core_v1_client.created_secret_text
+
+
+def test_deferrable_export_defers_then_reads_parity(s3_server):
+    bucket = s3_server.new_bucket()
+    put_parity(s3_server, bucket, passed=False)
+    op = export_op(bucket, deferrable=True)
+    hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:exported")
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context())
+        assert deferred.value.method_name == "execute_complete"
+        event = asyncio.run(_events(deferred.value.trigger))[0].payload
+        with pytest.raises(HorovodTrainingError, match="ONNX parity check failed"):
+            op.execute_complete(context(), event=event, **deferred.value.kwargs)
+    assert len(hook.deleted) == 1  # the job succeeded: deleted, even though parity failed

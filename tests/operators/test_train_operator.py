@@ -109,14 +109,10 @@ def test_bad_arguments_are_named_at_parse_time(kwargs, message):
         train_op(**kwargs)
 
 
-def test_export_refuses_kubernetes():
-    with pytest.raises(ValueError, match="launcher='kubernetes' is not supported for the export"):
+def test_export_on_kubernetes_needs_an_image():
+    with pytest.raises(ValueError, match="image"):
         HorovodExportOperator(
-            task_id="e",
-            checkpoint="s3://b/c.pt",
-            output="s3://b/o",
-            launcher="kubernetes",
-            image="img",
+            task_id="e", checkpoint="s3://b/c.pt", output="s3://b/o", launcher="kubernetes"
         )
 
 
