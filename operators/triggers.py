@@ -17,7 +17,9 @@ class MPIJobTrigger(BaseTrigger):
     """Poll a Kubeflow MPIJob until it succeeds, fails or runs past ``timeout``.
 
     Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "error",
-    "message": ..., "name": ..., "namespace": ...}``.
+    "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
+    (mark failed or succeeded, clear), Airflow's triggerer calls :meth:`on_kill`, which deletes
+    the MPIJob and its Secret; a triggerer restart or hand-over leaves the job running.
     """
 
     def __init__(
@@ -84,3 +86,9 @@ class MPIJobTrigger(BaseTrigger):
                 )
                 return
             await asyncio.sleep(self.poll_interval)
+
+    async def on_kill(self) -> None:
+        """Delete the MPIJob (its pods go with it) and its Secret: the deferred counterpart of
+        ``HorovodTrainOperator.on_kill``. Airflow (3.3+) calls it only on a user's action."""
+        ref = {"name": self.name, "namespace": self.namespace}
+        await asyncio.to_thread(self._launcher().delete, ref)

@@ -281,6 +281,39 @@ def test_trigger_reports_api_errors_as_one_event():
     assert [e.payload["status"] for e in events] == ["error"]
 
 
+@pytest.mark.parametrize(("user_action", "deleted"), [(True, ["j"]), (False, [])])
+def test_triggerer_deletes_the_job_only_when_a_user_kills_the_task(
+    monkeypatch, user_action, deleted
+):
+    """Airflow's own TriggerRunner: a user's kill (its cancel queue) reaches on_kill; a
+    triggerer shutdown (a plain cancel) must leave the job running for the next triggerer."""
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+
+    monkeypatch.setenv("AIRFLOW_DISABLE_GREENBACK_PORTAL", "true")
+    hook = FakeHook([RUNNING])
+    hook.objects["j"] = {}
+    hook.core_v1_client.secrets["j-rank-env"] = {"metadata": {}}
+    trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01)
+
+    async def scenario() -> None:
+        runner = TriggerRunner()
+        task = asyncio.create_task(runner.run_trigger(7, trig))
+        runner.triggers[7] = {"task": task, "name": "mpijob j", "events": 0}
+        await asyncio.sleep(0.1)  # polling: RUNNING
+        if user_action:
+            runner.to_cancel.append(7)
+            await runner.cancel_triggers()
+        else:
+            task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        asyncio.run(scenario())
+    assert hook.deleted == deleted
+    assert hook.core_v1_client.deleted == [f"{n}-rank-env" for n in deleted]
+
+
 def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
     bucket = s3_server.new_bucket()
     s3_server.client().put_object(
