@@ -101,9 +101,9 @@ def resolve_precision(config: TrainConfig, device: torch.device) -> tuple[str, b
 
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to
 # negotiate ready tensors. On CPU ranks it takes its cycles from the cores doing the compute;
-# 10 ms measured +17 % samples/s (2 ranks on 2 cores, this CNN, medians of 4 alternating runs:
-# 724 -> 848; bench/horovod_cycle.py). A step here lasts ~150 ms, so a later negotiation costs
-# little. GPU ranks keep Horovod's default (their steps last milliseconds).
+# 10 ms measured +7 to +17 % samples/s (2 ranks on 2 cores, this CNN, two runs of
+# bench/horovod_cycle.py: medians 724 -> 848 and 865 -> 927). A step here lasts ~150 ms, so a
+# later negotiation costs little. GPU ranks keep Horovod's default (their steps: milliseconds).
 CPU_CYCLE_TIME_MS = "10"
 
 
