@@ -108,16 +108,9 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         spec = self.build_spec(context)
         self.log.info("exporting with %s: %s", self.launcher, shlex.join(spec.argv))
         self.run_job(spec, context)
-        return self.collect_parity()
+        return self.collect_result()
 
-    def execute_complete(
-        self, context: Context, event: Mapping[str, Any], ref: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """Resume after the MPIJob trigger fired (deferrable kubernetes launcher)."""
-        self.finish_deferred(event, ref)
-        return self.collect_parity()
-
-    def collect_parity(self) -> dict[str, Any]:
+    def collect_result(self) -> dict[str, Any]:
         """Read ``<output>/parity.json``; raise when it failed and ``require_parity`` is set."""
         from trainer import storage
 

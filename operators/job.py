@@ -261,6 +261,17 @@ class HorovodJobOperatorBase(BaseOperator):
         finally:
             self._running = None
 
+    def collect_result(self) -> dict[str, Any]:
+        """Read what the finished job wrote (metrics.json, parity.json) into the XCom dict."""
+        raise NotImplementedError
+
+    def execute_complete(
+        self, context: Context, event: Mapping[str, Any], ref: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Resume after the MPIJob trigger fired (deferrable kubernetes launcher)."""
+        self.finish_deferred(event, ref)
+        return self.collect_result()
+
     def finish_deferred(self, event: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
         """After the trigger fired: surface the launcher pod's log, clean up, raise on failure."""
         from operators.launchers.kubernetes import KubernetesLauncher

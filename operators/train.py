@@ -190,16 +190,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             "launching %d ranks with %s: %s", spec.num_proc, self.launcher, shlex.join(spec.argv)
         )
         self.run_job(spec, context, hosts)
-        return self.collect_metrics()
+        return self.collect_result()
 
-    def execute_complete(
-        self, context: Context, event: Mapping[str, Any], ref: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """Resume after the MPIJob trigger fired (deferrable kubernetes launcher)."""
-        self.finish_deferred(event, ref)
-        return self.collect_metrics()
-
-    def collect_metrics(self) -> dict[str, Any]:
+    def collect_result(self) -> dict[str, Any]:
         """Read ``<output>/metrics.json`` (not stdout) and return the small XCom dict."""
         from trainer import storage
 

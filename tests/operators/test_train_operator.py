@@ -198,7 +198,7 @@ def test_metrics_are_read_from_metrics_json(out_dir):
         )
     )
     op = train_op(output=str(out_dir), aws_conn_id=None)
-    assert op.collect_metrics() == {
+    assert op.collect_result() == {
         "val_accuracy": 0.97,
         "val_loss": 0.1,
         "val_samples": 500,
@@ -213,7 +213,7 @@ def test_metrics_are_read_from_metrics_json(out_dir):
 def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
     (out_dir / "metrics.json").write_text(json.dumps({"f1": 0.5}))
     op = train_op(output=str(out_dir), aws_conn_id=None, metric_key="f1")
-    result = op.collect_metrics()
+    result = op.collect_result()
     assert result["f1"] == 0.5
     assert result["val_accuracy"] is None and result["checkpoint_uri"] is None
 
@@ -235,7 +235,7 @@ def test_bad_metrics_raise_typed_errors(out_dir, content, message):
     if content is not None:
         (out_dir / "metrics.json").write_text(content)
     with pytest.raises(HorovodOperatorError, match=message):
-        train_op(output=str(out_dir), aws_conn_id=None).collect_metrics()
+        train_op(output=str(out_dir), aws_conn_id=None).collect_result()
 
 
 def test_export_runs_one_process_and_returns_parity(tmp_path):
