@@ -36,11 +36,12 @@ from bench.report import (
     run_horovod,
     write_results,
 )
+from trainer.train import CPU_CYCLE_TIME_MS
 
 # Horovod 0.28's own default cycle (horovod/common/operations.cc: the parameter manager starts
-# at 1 ms when HOROVOD_CYCLE_TIME is unset); the trainer's CPU choice.
+# at 1 ms when HOROVOD_CYCLE_TIME is unset); the trainer's CPU choice, read from the trainer.
 HOROVOD_DEFAULT_MS = 1.0
-TRAINER_CPU_MS = 10.0
+TRAINER_CPU_MS = float(CPU_CYCLE_TIME_MS)
 
 
 def one_run(workdir: Path, np: int, cycle_ms: float, samples: int, tag: str) -> float:
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         nargs="+",
         default=[HOROVOD_DEFAULT_MS, TRAINER_CPU_MS],
-        help="HOROVOD_CYCLE_TIME values in ms (default: 1 10)",
+        help=f"HOROVOD_CYCLE_TIME values, ms (default {HOROVOD_DEFAULT_MS:g} {TRAINER_CPU_MS:g})",
     )
     parser.add_argument("--repeats", type=int, default=4, help="alternations (median reported)")
     parser.add_argument("--samples", type=int, default=20000, help="training images per run")
