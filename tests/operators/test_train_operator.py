@@ -110,7 +110,7 @@ def test_bad_arguments_are_named_at_parse_time(kwargs, message):
 
 
 def test_export_on_kubernetes_needs_an_image():
-    with pytest.raises(ValueError, match="image"):
+    with pytest.raises(ValueError, match="image is required when launcher='kubernetes'"):
         HorovodExportOperator(
             task_id="e", checkpoint="s3://b/c.pt", output="s3://b/o", launcher="kubernetes"
         )
