@@ -4,7 +4,11 @@ Written for the case the time-to-accuracy target is missed: it profiles rank 0 w
 rank runs ``trainer.train.train_one_epoch`` (trainer defaults, full MNIST in memory) under
 ``horovodrun``, and tabulates the operators by self CPU time (CUDA time too on a GPU),
 grouped into forward/backward convolutions, linear layers, the optimizer, the gradient
-allreduce wait and the rest. Run from the repository root::
+allreduce wait and the rest. Then it says what bounds the step: the model's FLOPs per
+training sample (counted from its layer shapes), the fp32 matrix-multiply rate every rank
+reaches on this machine at the same time (the practical compute peak), the rate the
+convolutions and the whole step achieve against it, and the epoch time that peak would allow.
+Run from the repository root::
 
     python -m bench.profile_step              # 2 ranks, 20 profiled steps after 3 warm-up
     python -m bench.profile_step --quick      # 2 steps (the smoke test)
@@ -44,6 +48,62 @@ GROUPS = (
 )  # fmt: skip
 
 
+def training_flops(model: Any, input_shape: tuple[int, ...]) -> dict[str, float]:
+    """FLOPs of one training sample, from the layer shapes: convolutions forward and backward,
+    linear layers forward + backward.
+
+    A multiply-add is 2 FLOPs. Forward: 2 × MACs per layer; backward: the weight gradient costs
+    the same again, and the input gradient too, except for a layer whose input needs no
+    gradient (the first convolution, fed with data). Elementwise work (activations, pooling,
+    dropout, Adam) is left out: it is memory-bound, and the profile shows its time.
+    """
+    import torch
+    from torch import nn
+
+    flops = {"conv_forward": 0.0, "conv_backward": 0.0, "linear": 0.0}
+
+    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        if isinstance(module, nn.Conv2d):
+            per_output = module.in_channels // module.groups
+            per_output *= module.kernel_size[0] * module.kernel_size[1]
+            forward = 2.0 * out[0].numel() * per_output
+        else:
+            forward = 2.0 * module.in_features * module.out_features
+        backward = forward * (2 if inputs[0].requires_grad else 1)  # weight (+ input) gradient
+        if isinstance(module, nn.Conv2d):
+            flops["conv_forward"] += forward
+            flops["conv_backward"] += backward
+        else:
+            flops["linear"] += forward + backward
+
+    handles = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if isinstance(m, (nn.Conv2d, nn.Linear))
+    ]
+    try:
+        model(torch.zeros((1, *input_shape)))
+    finally:
+        for h in handles:
+            h.remove()
+    return flops
+
+
+def matmul_gflops(threads: int, n: int, repeats: int) -> float:
+    """fp32 GFLOP/s of an n×n matrix multiply on this rank's threads: its practical peak."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2.0 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
 def run_rank(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
     import torch
@@ -73,8 +133,15 @@ def run_rank(args: argparse.Namespace) -> None:
                 step()
         if device.type == "cuda":
             torch.cuda.synchronize()
+    peak = None
+    if device.type == "cpu":  # the FLOP bound below is a CPU analysis (a GPU: see its profile)
+        hvd.barrier()  # every rank multiplies at once: the peak under the same sharing of cores
+        peak = matmul_gflops(rt.threads, 512 if args.steps < 5 else 2048, 5)
     if not rt.is_primary:
         return
+    from trainer.model import INPUT_SHAPE, build_model
+
+    flops = training_flops(build_model(config.model), INPUT_SHAPE)
     events = prof.key_averages()
     step_event = next(e for e in events if e.key == "train_step")
     ops = []
@@ -98,6 +165,9 @@ def run_rank(args: argparse.Namespace) -> None:
         "batch_per_rank": config.batch_size,
         "steps": args.steps,
         "step_cpu_ms_total": step_event.cpu_time_total / 1000,
+        "train_samples": int(x.shape[0]),
+        "flops_per_sample": flops,
+        "matmul_gflops_per_rank": peak,
         "ops": ops,
     }
     Path(args.result).write_text(json.dumps(summary, indent=2))
@@ -110,13 +180,72 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def tables(summary: dict[str, Any], top: int = 15) -> str:
-    total = summary["step_cpu_ms_total"]
-    steps = summary["steps"]
+def group_ms(summary: dict[str, Any]) -> dict[str, float]:
+    """Self CPU milliseconds of all profiled steps, per part of the step."""
     groups: dict[str, float] = {}
     for op in summary["ops"]:
         group = group_of(op["name"])
         groups[group] = groups.get(group, 0.0) + op["self_cpu_ms"]
+    return groups
+
+
+BOUND_NOTE = (
+    "Achieved rate = the layers' FLOPs over their self CPU time in the profile; the peak is "
+    "measured after the profile with every rank multiplying 2048×2048 fp32 matrices on its "
+    "threads at the same time (the quick mode: 512). The epoch floor counts only convolution "
+    "and linear FLOPs — the memory-bound rest of the step would come on top."
+)
+
+
+def bound_table(summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """Achieved FLOP rates against the machine's matmul rate, and the epoch time that allows."""
+    flops, peak = summary["flops_per_sample"], summary["matmul_gflops_per_rank"]
+    per_sample = sum(flops.values())
+    samples = summary["batch_per_rank"] * summary["steps"]  # per rank, over the profiled steps
+    step_s = summary["step_cpu_ms_total"] / summary["steps"] / 1000
+    groups = group_ms(summary)
+
+    def rate(flop: float, ms: float) -> float:
+        return flop * samples / (ms / 1000) / 1e9 if ms > 0 else float("nan")
+
+    conv_fwd = rate(flops["conv_forward"], groups.get("convolution forward", 0.0))
+    conv_bwd = rate(flops["conv_backward"], groups.get("convolution backward", 0.0))
+    step = per_sample * summary["batch_per_rank"] / step_s / 1e9
+    ranks, n = summary["world_size"], summary["train_samples"]
+    floor_s = n * per_sample / (ranks * peak * 1e9)
+    measured_s = n / (ranks * summary["batch_per_rank"] / step_s)
+    numbers = {
+        "mflop_per_sample": per_sample / 1e6,
+        "conv_forward_gflops": conv_fwd,
+        "conv_backward_gflops": conv_bwd,
+        "step_gflops": step,
+        "epoch_seconds_at_peak": floor_s,
+        "epoch_seconds_at_step_rate": measured_s,
+    }
+    conv = (flops["conv_forward"] + flops["conv_backward"]) / 1e6
+
+    def of_peak(gflops: float) -> str:
+        return f"{gflops:.1f} GFLOP/s ({100 * gflops / peak:.0f} %)"
+
+    rows = [
+        ["FLOPs of one training sample (convolutions, linear; fwd + bwd)",
+         f"{per_sample / 1e6:.1f} MFLOP ({conv:.1f} + {flops['linear'] / 1e6:.1f})"],
+        ["fp32 matrix multiply, every rank at once (the practical peak)",
+         f"{peak:.1f} GFLOP/s per rank"],
+        ["convolution forward, achieved", of_peak(conv_fwd)],
+        ["convolution backward, achieved", of_peak(conv_bwd)],
+        ["whole step (everything counted as waiting for those FLOPs)", of_peak(step)],
+        [f"one epoch ({n:,} samples, {ranks} ranks) if every FLOP ran at the peak",
+         f"{floor_s:.1f} s"],
+        ["one epoch at the profiled step time", f"{measured_s:.1f} s"],
+    ]  # fmt: skip
+    return md_table(["what bounds a step", "value"], rows), numbers
+
+
+def tables(summary: dict[str, Any], top: int = 15) -> str:
+    total = summary["step_cpu_ms_total"]
+    steps = summary["steps"]
+    groups = group_ms(summary)
     group_rows = [
         [g, f"{ms / steps:.1f}", f"{100 * ms / total:.0f} %"]
         for g, ms in sorted(groups.items(), key=lambda kv: kv[1], reverse=True)
@@ -186,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['step_cpu_ms_total'] / summary['steps']:.1f} ms of CPU time per step on "
         "rank 0. Self times: each operator without its children."
     )
-    markdown = "\n".join([title, "", tables(summary), "", notes, "", machine_line(m)])
+    parts = [title, "", tables(summary), "", notes, ""]
+    if summary["matmul_gflops_per_rank"] is not None:
+        bound, summary["bound"] = bound_table(summary)
+        parts += [bound, "", BOUND_NOTE, ""]
+    markdown = "\n".join([*parts, machine_line(m)])
     name = "profile_step_quick" if args.quick else "profile_step"
     write_results(name, markdown, {"machine": m, "quick": args.quick, **summary}, args.results_dir)
     return 0

@@ -16,6 +16,7 @@ import pytest
 from bench import (
     demo_baseline,
     horovod_cycle,
+    one_epoch,
     pipeline_overhead,
     profile_step,
     time_to_accuracy,
@@ -244,6 +245,38 @@ def test_profile_step_quick(tmp_path: Path) -> None:
     shares = sum(op["self_cpu_ms"] for op in data["ops"]) / data["step_cpu_ms_total"]
     assert 0.5 < shares <= 1.05  # self times add up to (about) the step's total
     assert "| convolution backward |" in markdown
+    # What bounds it: the FLOP rates and the epoch floor come from this run's own numbers.
+    bound = data["bound"]
+    assert data["matmul_gflops_per_rank"] > 0
+    assert bound["mflop_per_sample"] == pytest.approx(71.565312)
+    assert 0 < bound["epoch_seconds_at_peak"] < bound["epoch_seconds_at_step_rate"]
+    assert bound["conv_forward_gflops"] > 0 and bound["conv_backward_gflops"] > 0
+    assert "| fp32 matrix multiply, every rank at once (the practical peak) |" in markdown
+
+
+def test_training_flops_of_the_demo_cnn_by_hand() -> None:
+    from trainer.model import INPUT_SHAPE, build_model
+
+    flops = profile_step.training_flops(build_model("mnist_cnn"), INPUT_SHAPE)
+    conv1 = 2 * 32 * 26 * 26 * (1 * 3 * 3)  # forward FLOPs: outputs x MACs each x 2
+    conv2 = 2 * 64 * 24 * 24 * (32 * 3 * 3)
+    linear = 2 * (9216 * 128 + 128 * 10)
+    assert flops["conv_forward"] == conv1 + conv2
+    assert flops["conv_backward"] == conv1 + 2 * conv2  # conv1 needs no input gradient
+    assert flops["linear"] == 3 * linear
+
+
+@pytest.mark.slow
+def test_one_epoch_quick(tmp_path: Path) -> None:
+    one_epoch.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "one_epoch_quick")
+    default, demo_lr = data["runs"]
+    assert default["args"] == [] and demo_lr["args"] == ["--lr", "0.001"]
+    for run in data["runs"]:
+        assert run["config"]["epochs"] == 1 and run["config"]["max_train_samples"] == 1024
+        assert 0.0 <= run["val_accuracy"] <= 1.0 and run["epoch_seconds"] > 0
+    assert demo_lr["config"]["lr"] == 0.001
+    assert "| Adam lr 0.001 (the demo's) | `--lr 0.001` |" in markdown
 
 
 def test_profile_groups_name_the_step_parts() -> None:
