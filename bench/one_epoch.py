@@ -95,19 +95,8 @@ def render(data: dict[str, Any]) -> str:
         f"{data['runs'][0]['config']['seed']}, full MNIST unless quick; every other setting is "
         "the trainer's default."
     )
-    return "\n".join(
-        [
-            title,
-            "",
-            md_table(headers, rows),
-            "",
-            verdict,
-            "",
-            notes,
-            "",
-            machine_line(data["machine"]),
-        ]
-    )
+    blocks = [title, md_table(headers, rows), verdict, notes, machine_line(data["machine"])]
+    return "\n\n".join(blocks)
 
 
 def main(argv: list[str] | None = None) -> int:
