@@ -88,6 +88,7 @@ def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
         (train_throughput, ["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
         (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
+        (one_epoch, ["--np", "0"], "--np must be >= 1, got 0"),
         (profile_step, ["--steps", "0"], "--steps must be >= 1 and --warmup >= 0, got 0, 3"),
         (horovod_cycle, ["--cycles", "0"], "--cycles takes milliseconds > 0, got [0.0]"),
         (horovod_cycle, ["--samples", "3"], "--samples >= 2 x np, got 2, 4, 3"),
