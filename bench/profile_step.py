@@ -89,13 +89,13 @@ def training_flops(model: Any, input_shape: tuple[int, ...]) -> dict[str, float]
     return flops
 
 
-def matmul_gflops(threads: int, n: int, repeats: int) -> float:
-    """fp32 GFLOP/s of an n×n matrix multiply on this rank's threads: its practical peak."""
+def matmul_gflops(n: int, repeats: int) -> float:
+    """fp32 GFLOP/s of an n×n matrix multiply on this rank's threads (the trainer's policy, set
+    by ``trainer.train.setup_runtime``): its practical peak."""
     import time
 
     import torch
 
-    torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # warm-up
     start = time.perf_counter()
@@ -136,7 +136,7 @@ def run_rank(args: argparse.Namespace) -> None:
     peak, matmul_n = None, 512 if args.steps < 5 else 2048  # small for the smoke test
     if device.type == "cpu":  # the FLOP bound below is a CPU analysis (a GPU: see its profile)
         hvd.barrier()  # every rank multiplies at once: the peak under the same sharing of cores
-        peak = matmul_gflops(rt.threads, matmul_n, 5)
+        peak = matmul_gflops(matmul_n, 5)
     if not rt.is_primary:
         return
     from trainer.model import INPUT_SHAPE, build_model
