@@ -81,15 +81,11 @@ def our_training_step(
     allreduce of the loss sums), so a throughput figure wants ``steps`` > 1 to spread it.
     """
     import horovod.torch as hvd
-    import torch
 
     from trainer import train
     from trainer.config import lr_at
-    from trainer.model import build_model
 
-    model = build_model(config.model).to(device)
-    if rt.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    model = train.build_training_model(config, device)
     world_factor = train.lr_world_factor(config, device)
     optimizer = hvd.DistributedOptimizer(  # Horovod: as trainer.train.run wraps it
         train.build_optimizer(config, model, lr_at(config, world_factor, 0, 1)),

@@ -14,7 +14,7 @@ from typing import Any
 
 def diagnose(np_: int = 1, gpus_per_proc: int = 0) -> dict[str, Any]:
     """Facts about this machine plus ``problems`` (each names what is missing)."""
-    from trainer.train import cpu_has_bf16
+    from trainer.train import cpu_has_bf16, cuda_has_bf16, resolve_precision
 
     problems: list[str] = []
     warnings: list[str] = []
@@ -34,6 +34,12 @@ def diagnose(np_: int = 1, gpus_per_proc: int = 0) -> dict[str, Any]:
         report["cuda_available"] = torch.cuda.is_available()
         report["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
         report["torch_cuda"] = torch.version.cuda
+        device_type = "cuda" if report["cuda_available"] else "cpu"
+        native = cuda_has_bf16() if device_type == "cuda" else report["cpu_bf16"]
+        choice = resolve_precision("auto", "auto", device_type, native)
+        report["auto_precision"] = choice.precision
+        report["auto_channels_last"] = choice.channels_last
+        report["auto_reason"] = choice.reason
     except ImportError as e:
         report.update(torch=None, cuda_available=False, gpus=0)
         problems.append(f"torch is not importable ({e}): install the 'trainer' extra")

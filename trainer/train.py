@@ -56,7 +56,8 @@ class Runtime:
     device: str  # "cpu" or "cuda:<i>"
     threads: int  # torch intra-op threads of this rank
     precision: str  # resolved: fp32 | bf16
-    channels_last: bool  # resolved
+    channels_last: bool  # resolved: inputs and activations NHWC (parameters stay contiguous)
+    precision_reason: str = ""  # why: the flag given, or what ``auto`` found
 
     @property
     def is_primary(self) -> bool:
@@ -68,35 +69,67 @@ def log(rt: Runtime, message: str) -> None:
         print(f"[trainer] {message}", file=sys.stderr, flush=True)
 
 
-def cpu_has_bf16() -> bool:
-    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX); else autocast is emulated."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX); else autocast is emulated.
+
+    ``cpuinfo`` is the text of ``/proc/cpuinfo`` (read when None), so tests can give either
+    answer on any machine.
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    flags = set(cpuinfo.split())
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_precision(config: TrainConfig, device: torch.device) -> tuple[str, bool]:
-    """Turn ``auto`` into a choice for this hardware.
+def cuda_has_bf16() -> bool:
+    """True when the current CUDA device computes bf16 natively (compute capability >= 8.0).
 
-    Measured on the 2-core AMD EPYC (AVX2, no bf16) dev machine, one thread, this CNN,
-    fwd+bwd+Adam: bf16 autocast is ~8x *slower* than fp32 (emulated), channels-last is
-    within noise of NCHW. So: bf16 only on hardware with native bf16 (CUDA with bf16
-    support, CPUs with AVX512-BF16/AMX), where channels-last is what the bf16 kernels favor.
+    torch's ``is_bf16_supported()`` also counts emulation by default: ask without it.
     """
     import torch
 
-    native_bf16 = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
-    precision = (
-        config.precision if config.precision != "auto" else ("bf16" if native_bf16 else "fp32")
-    )
-    if config.channels_last == "auto":
-        channels_last = device.type == "cuda" or precision == "bf16"
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What ``--precision`` and ``--channels-last`` resolve to on a device, and why."""
+
+    precision: str  # fp32 | bf16
+    channels_last: bool
+    reason: str
+
+
+def resolve_precision(
+    precision: str, channels_last: str, device_type: str, native_bf16: bool
+) -> PrecisionChoice:
+    """Turn ``auto`` into a choice for this hardware; an explicit flag always wins.
+
+    ``auto`` picks bf16 autocast (float32 master weights, float32 evaluation) only where bf16
+    is native: CUDA devices of compute capability >= 8.0, CPUs with AVX512-BF16 or AMX
+    (``native_bf16``). Emulated bf16 is several times slower than fp32. Channels-last (NHWC
+    activations) goes with bf16 on CUDA, where the tensor-core kernels want it; on CPUs it
+    is off (``bench/results/precision.md`` has the measurement, per CPU, that set this).
+    """
+    if precision != "auto":
+        why = f"--precision {precision}"
+    elif native_bf16:
+        precision = "bf16"
+        why = f"--precision auto: bf16, {device_type} has native bf16"
     else:
-        channels_last = config.channels_last == "on"
-    return precision, channels_last
+        precision = "fp32"
+        why = f"--precision auto: fp32, {device_type} has no native bf16 (it would be emulated)"
+    if channels_last != "auto":
+        nhwc = channels_last == "on"
+        why += f"; --channels-last {channels_last}"
+    else:
+        nhwc = device_type == "cuda" and precision == "bf16"
+        why += f"; --channels-last auto: {'on' if nhwc else 'off'} for {precision} on {device_type}"
+    return PrecisionChoice(precision, nhwc, why)
 
 
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to
@@ -125,7 +158,12 @@ def setup_runtime(config: TrainConfig) -> tuple[Runtime, torch.device]:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         threads = max(1, (cores or 1) // hvd.local_size())  # Horovod: share the node's cores
         torch.set_num_threads(threads)
-    precision, channels_last = resolve_precision(config, device)
+    choice = resolve_precision(
+        config.precision,
+        config.channels_last,
+        device.type,
+        cuda_has_bf16() if cuda else cpu_has_bf16(),
+    )
     rt = Runtime(
         rank=hvd.rank(),
         size=hvd.size(),
@@ -133,8 +171,9 @@ def setup_runtime(config: TrainConfig) -> tuple[Runtime, torch.device]:
         local_size=hvd.local_size(),
         device=str(device),
         threads=threads,
-        precision=precision,
-        channels_last=channels_last,
+        precision=choice.precision,
+        channels_last=choice.channels_last,
+        precision_reason=choice.reason,
     )
     return rt, device
 
@@ -163,6 +202,30 @@ def stage_dataset(config: TrainConfig, rt: Runtime) -> data.LocalDataset:
         raise DatasetError(f"cannot fetch dataset {config.data}: {text}")
     manifest = next(o[1] for o in outcomes if o is not None)
     return data.dataset_paths(config.data, manifest, config.cache_dir)
+
+
+def build_training_model(config: TrainConfig, device: torch.device) -> nn.Module:
+    """The model on ``device`` with contiguous parameters, whatever ``--channels-last`` says.
+
+    Channels-last is applied to the inputs only (``batches``, ``evaluate``): the convolutions
+    then run NHWC, while parameters, their gradients (autograd gives a gradient its
+    parameter's strides) and the optimizer state stay contiguous, as Horovod's collectives
+    require (``broadcast_parameters``, ``broadcast_optimizer_state``, the gradient allreduce
+    all refuse a non-contiguous tensor).
+    """
+    return build_model(config.model).to(device)
+
+
+def make_state_contiguous(optimizer: torch.optim.Optimizer) -> None:
+    """Give every optimizer state tensor a contiguous layout, in place (values unchanged).
+
+    A checkpoint written by another program may hold channels-last state (``torch.save`` keeps
+    strides); Horovod's broadcast of that state would refuse it.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if hasattr(value, "is_contiguous") and not value.is_contiguous():
+                state[key] = value.contiguous()
 
 
 def build_optimizer(config: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -396,7 +459,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     log(
         rt,
         f"{rt.size} rank(s), device {rt.device}, {rt.threads} thread(s)/rank, "
-        f"precision {rt.precision}, channels_last {rt.channels_last}",
+        f"precision {rt.precision}, channels_last {rt.channels_last} ({rt.precision_reason})",
     )
     if config.adasum and not hvd.mpi_enabled():
         # Horovod implements Adasum only over MPI (CPU and GPU); Gloo has no Adasum op.
@@ -429,9 +492,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     )
 
     torch.manual_seed(config.seed + rt.rank)  # per-rank dropout; weights come from rank 0 below
-    model = build_model(config.model).to(device)
-    if rt.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    model = build_training_model(config, device)
     world_factor = lr_world_factor(config, device)
     optimizer = build_optimizer(config, model, lr_at(config, world_factor, 0, steps))
 
@@ -444,6 +505,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 raise TrainingError(f"{ckpt_uri} holds model {saved_model!r}, not {config.model!r}")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            make_state_contiguous(optimizer)
             start_epoch, history = int(state["epoch"]), list(state["history"])
             log(rt, f"resuming from {ckpt_uri} after epoch {start_epoch}")
         else:
@@ -543,6 +605,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "horovod default"),
             "precision": rt.precision,
             "channels_last": rt.channels_last,
+            "precision_reason": rt.precision_reason,
         },
         "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
         "versions": versions(),
