@@ -18,6 +18,7 @@ from trainer import layout
 
 # Tiny runs: 512 training samples, 256 per rank, 4 steps of 64 per epoch; all 500 test images.
 TINY = ["--max-train-samples", "512", "--batch-size", "64", "--log-interval", "0"]
+VAL_SAMPLES = 499  # tiny_run's validation count: odd, so 2 ranks get unequal shards
 
 
 def stage_local(source: Path) -> Path:
@@ -104,9 +105,14 @@ class Run:
 
 @pytest.fixture(scope="session")
 def tiny_run(staged_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One epoch, 2 ranks, every rank printing its parameter hash after broadcast and step 1."""
+    """One epoch, 2 ranks, every rank printing its parameter hash after broadcast and step 1.
+
+    It validates on the first ``VAL_SAMPLES`` (odd) test images, so the ranks' shards are
+    unequal (249 and 250): an average of per-rank accuracies differs from the exact one.
+    """
     root = tmp_path_factory.mktemp("tiny-run")
     args = ["--data", str(staged_subset), "--output", str(root / "out"), "--epochs", "1"]
+    args += ["--max-val-samples", str(VAL_SAMPLES)]
     proc = run_horovod([*args, *TINY, "--debug-param-hash"], root / "cache")
     assert proc.returncode == 0, describe(proc)
     return Run(root / "out", root / "cache", proc)

@@ -15,6 +15,7 @@ from tests.conftest import MNIST_DIR
 from tests.mnist_subset import write_subset
 from tests.trainer.conftest import (
     TINY,
+    VAL_SAMPLES,
     Run,
     describe,
     events,
@@ -37,14 +38,14 @@ def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
 
     metrics = tiny_run.metrics
     assert metrics["world_size"] == 2
-    assert metrics["val_samples"] == 500  # the whole validation set, no padding duplicates
+    assert metrics["val_samples"] == VAL_SAMPLES  # the whole validation set, no padding
 
     torch.set_num_threads(1)
     state = load_checkpoint(str(tiny_run.output / "checkpoint.pt"))  # weights_only=True inside
     model = build_model(state["config"]["model"])
     model.load_state_dict(state["model"])
     dataset = data.fetch_dataset(str(staged_subset), str(tiny_run.cache))
-    x, y = data.load_split(dataset, "test")
+    x, y = data.load_split(dataset, "test", VAL_SAMPLES)
     loss_sum, correct, count = evaluate(model, x, y, batch_size=500).tolist()
 
     assert int(count) == metrics["val_samples"]
@@ -52,6 +53,16 @@ def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
     assert metrics["val_accuracy"] == pytest.approx(correct / count, abs=0)
     assert metrics["val_loss"] == pytest.approx(loss_sum / count, rel=1e-5)
     assert 0.2 < metrics["val_accuracy"] <= 1.0  # it learned something in 8 steps
+
+    # The shards are unequal (249 + 250), so the mean of the ranks' own accuracies -- what a
+    # trainer reducing per-rank metrics would report -- is a different number: this test
+    # tells the exact sum from an average.
+    half = VAL_SAMPLES // 2
+    shards = [evaluate(model, x[a:b], y[a:b], 500) for a, b in ((0, half), (half, VAL_SAMPLES))]
+    assert [int(s[2]) for s in shards] == [249, 250]
+    mean_of_ranks = sum(float(s[1] / s[2]) for s in shards) / 2
+    assert mean_of_ranks != metrics["val_accuracy"]
+    assert sum(int(s[1]) for s in shards) == metrics["val_correct"]
 
 
 def test_ranks_hold_identical_parameters_after_broadcast_and_first_step(tiny_run: Run) -> None:
@@ -100,7 +111,7 @@ def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Pa
         **entry,
         "of_epochs": 1,
         "val_correct": metrics["val_correct"],
-        "val_samples": 500,
+        "val_samples": VAL_SAMPLES,
     }
 
 
