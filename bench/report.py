@@ -38,6 +38,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The flags that decide a CPU's math paths (bf16 native or emulated, vector width).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags, as ``lscpu`` lists them (from ``/proc/cpuinfo``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
 def load_average() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -63,6 +78,7 @@ def machine() -> dict[str, Any]:
     return {
         "cores": os.cpu_count(),
         "cpu_model": cpu_model(),
+        "cpu_flags": " ".join(cpu_flags()),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "gpus": torch.cuda.device_count() if cuda else 0,
         "gpu_model": torch.cuda.get_device_name(0) if cuda else None,
@@ -79,8 +95,10 @@ def machine() -> dict[str, Any]:
 def machine_line(m: dict[str, Any]) -> str:
     gpu = f", {m['gpus']}× {m['gpu_model']}" if m.get("gpus") else ", no GPU"
     load = " / ".join(f"{x:.2f}" for x in m["load_average_at_start"])
+    flags = set(m.get("cpu_flags", "").split())
+    isa = ", ".join(f if f in flags else f"no {f}" for f in ISA_FLAGS)
     return (
-        f"Machine: {m['cores']} cores ({m['cpu_model']}), {m['memory_gib']} GiB{gpu}; "
+        f"Machine: {m['cores']} cores ({m['cpu_model']}; {isa}), {m['memory_gib']} GiB{gpu}; "
         f"torch {m['torch']}, torchvision {m['torchvision']}, horovod {m['horovod']}, "
         f"Python {m['python']}; load average at start {load} (1/5/15 min)."
     )

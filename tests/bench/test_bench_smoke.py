@@ -18,6 +18,7 @@ from bench import (
     horovod_cycle,
     one_epoch,
     pipeline_overhead,
+    precision,
     profile_step,
     time_to_accuracy,
     train_throughput,
@@ -89,6 +90,8 @@ def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
         (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
         (one_epoch, ["--np", "0"], "--np must be >= 1, got 0"),
+        (precision, ["--np", "0"], "--np must be an integer >= 1, got 0"),
+        (precision, ["--steps", "0"], "--steps must be an integer >= 1, got 0"),
         (profile_step, ["--steps", "0"], "--steps must be >= 1 and --warmup >= 0, got 0, 3"),
         (horovod_cycle, ["--cycles", "0"], "--cycles takes milliseconds > 0, got [0.0]"),
         (horovod_cycle, ["--samples", "3"], "--samples >= 2 x np, got 2, 4, 3"),
@@ -149,6 +152,23 @@ def test_train_throughput_quick(tmp_path: Path) -> None:
     assert runs["2"]["our_threads"] * 2 <= max(2, data["machine"]["cores"])  # no oversubscription
     assert all(v > 0 for v in data["ratios"].values())
     assert "scaling efficiency" in markdown
+
+
+@pytest.mark.slow
+def test_precision_quick(tmp_path: Path) -> None:
+    from trainer.train import cpu_has_bf16
+
+    precision.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "precision_quick")
+    results = data["run"]["results"]
+    assert [(r["precision"], r["channels_last"]) for r in results] == list(precision.COMBOS)
+    assert all(r["median"] > 0 and len(r["samples_per_sec"]) == 1 for r in results)
+    auto = data["run"]["auto"]  # what auto resolved to in the ranks, on this machine
+    assert auto["precision"] == ("bf16" if cpu_has_bf16() else "fp32")
+    assert auto["channels_last"] is False
+    assert markdown.count("← auto") == 1
+    assert "avx512_bf16" in markdown  # the flags that decided it are recorded
+    assert data["machine"]["cpu_flags"]
 
 
 @pytest.mark.slow
