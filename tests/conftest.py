@@ -139,3 +139,25 @@ def mnist_subset(tmp_path: Path) -> Path:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+# --- In CI a missing component fails the test that needs it: no silent skips --------------
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Where ``CI=true``, a test that would skip fails instead, naming what was missing.
+
+    Outside CI (a developer's laptop without podman or hadolint) it skips with the reason.
+    Deselection (``-m "not slow"``) is not a skip and is unaffected.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (
+            f"CI=true: this test would have skipped, and in CI a missing component is a "
+            f"failure: {reason}"
+        )
