@@ -251,10 +251,15 @@ def lr_world_factor(config: TrainConfig, device: torch.device) -> int:
     return int(hvd.local_size()) if device.type == "cuda" and hvd.nccl_built() else 1
 
 
-def param_hash(model: nn.Module) -> str:
-    """sha256 over every parameter and buffer (float32, name order): equal iff ranks agree."""
+def param_hash(model: nn.Module, buffers: bool = True) -> str:
+    """sha256 over every parameter and (``buffers``) buffer, float32, name order.
+
+    Equal iff ranks agree. Mid-epoch only the parameters must agree: BatchNorm statistics
+    follow each rank's own shard until ``average_buffers`` at the end of the epoch.
+    """
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    tensors = model.state_dict() if buffers else dict(model.named_parameters())
+    for name, tensor in sorted(tensors.items()):
         h.update(name.encode())
         h.update(tensor.detach().float().contiguous().cpu().numpy().tobytes())
     return h.hexdigest()
@@ -366,6 +371,20 @@ def train_one_epoch(
     )
     seconds = time.perf_counter() - start
     return float(totals[0] / totals[1]), int(totals[1]), seconds
+
+
+def average_buffers(model: nn.Module, epoch: int) -> None:
+    """Average every floating-point buffer (BatchNorm running statistics) over the ranks.
+
+    Each rank's BatchNorm tracks the statistics of its own shard, so without this the ranks
+    would evaluate, and rank 0 would save, different models. Integer buffers (the batch
+    counter) are equal on every rank already. A model without buffers costs nothing.
+    """
+    import horovod.torch as hvd
+
+    for name, buffer in model.named_buffers():
+        if buffer.is_floating_point():
+            hvd.allreduce_(buffer, op=hvd.Average, name=f"buffer.{name}.{epoch}")  # Horovod
 
 
 def evaluate(
@@ -527,7 +546,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def print_param_hash(step: int) -> None:
-        line = {"event": "param_hash", "rank": rt.rank, "step": step, "hash": param_hash(model)}
+        digest = param_hash(model, buffers=False)  # parameters: buffers agree at epoch ends
+        line = {"event": "param_hash", "rank": rt.rank, "step": step, "hash": digest}
         print(json.dumps(line), flush=True)
 
     if config.debug_param_hash:
@@ -547,6 +567,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             world_factor,
             on_first_step=(lambda: print_param_hash(1)) if config.debug_param_hash else None,
         )
+        average_buffers(model, epoch)
         eval_start = time.perf_counter()
         evaluation = evaluate_distributed(model, x_val, y_val, config, rt, epoch)
         eval_s = time.perf_counter() - eval_start
