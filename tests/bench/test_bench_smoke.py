@@ -291,13 +291,14 @@ def test_training_flops_of_the_demo_cnn_by_hand() -> None:
 def test_one_epoch_quick(tmp_path: Path) -> None:
     one_epoch.main(["--quick", "--results-dir", str(tmp_path)])
     markdown, data = _results(tmp_path, "one_epoch_quick")
-    default, demo_lr = data["runs"]
-    assert default["args"] == [] and demo_lr["args"] == ["--lr", "0.001"]
+    default, demo_cnn = data["runs"]
+    assert default["args"] == ["--seed", "42"] and demo_cnn["args"] == ["--model", "mnist_cnn"]
     for run in data["runs"]:
         assert run["config"]["epochs"] == 1 and run["config"]["max_train_samples"] == 1024
         assert 0.0 <= run["val_accuracy"] <= 1.0 and run["epoch_seconds"] > 0
-    assert demo_lr["config"]["lr"] == 0.001
-    assert "| Adam lr 0.001 (the demo's) | `--lr 0.001` |" in markdown
+        assert run["precision"] in ("fp32", "bf16")
+    assert default["config"]["model"] == "mnist_bn" and demo_cnn["config"]["model"] == "mnist_cnn"
+    assert "| the demo's CNN, same recipe | `--model mnist_cnn` |" in markdown
 
 
 def test_profile_groups_name_the_step_parts() -> None:

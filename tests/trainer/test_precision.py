@@ -106,18 +106,26 @@ def test_channels_last_optimizer_state_is_made_contiguous() -> None:
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
-PATHS = [("fp32", "off"), ("fp32", "on"), ("bf16", "off"), ("bf16", "on")]
+# Each path with the default model (BatchNorm) and, on two of them, the demo's CNN.
+PATHS = [
+    ("fp32", "off", "mnist_bn"),
+    ("fp32", "on", "mnist_bn"),
+    ("bf16", "off", "mnist_bn"),
+    ("bf16", "on", "mnist_bn"),
+    ("fp32", "off", "mnist_cnn"),
+    ("bf16", "on", "mnist_cnn"),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("precision", "channels_last"), PATHS)
+@pytest.mark.parametrize(("precision", "channels_last", "model"), PATHS)
 def test_forced_path_trains_resumes_and_exports(
-    precision: str, channels_last: str, staged_subset: Path, tmp_path: Path
+    precision: str, channels_last: str, model: str, staged_subset: Path, tmp_path: Path
 ) -> None:
     from trainer.export import run_export
     from trainer.train import load_checkpoint
 
-    flags = ["--precision", precision, "--channels-last", channels_last]
+    flags = ["--precision", precision, "--channels-last", channels_last, "--model", model]
     # Constant lr, no warmup: 1 epoch + a resumed 2nd epoch follows the 2-epoch schedule.
     flags += ["--lr-schedule", "constant", "--warmup-epochs", "0", *TINY]
     out, cache = tmp_path / "out", tmp_path / "cache"
@@ -134,6 +142,7 @@ def test_forced_path_trains_resumes_and_exports(
     assert by_step[1][0] != by_step[0][0], "the first step changed nothing"
     runtime = json.loads((out / "metrics.json").read_text())["runtime"]
     assert runtime["precision"] == precision
+    assert json.loads((out / "metrics.json").read_text())["config"]["model"] == model
     assert runtime["channels_last"] is (channels_last == "on")
     assert f"--precision {precision}" in runtime["precision_reason"]
     epoch_1 = load_checkpoint(str(out / "checkpoint.pt"))
