@@ -38,7 +38,7 @@ from bench.report import (
 GROUPS = (
     ("convolution backward", ("convolution_backward", "ConvolutionBackward")),
     ("convolution forward", ("conv2d", "convolution", "mkldnn_convolution")),
-    ("linear (fc1, fc2) fwd+bwd", ("addmm", "mm", "linear", "AddmmBackward", "MmBackward")),
+    ("linear layers fwd+bwd", ("addmm", "mm", "linear", "AddmmBackward", "MmBackward")),
     ("optimizer (Adam)", ("adam", "Adam", "_foreach", "lerp", "addcdiv", "addcmul", "sqrt")),
     ("gradient allreduce wait (Horovod)", ("Horovod", "horovod", "synchronize", "allreduce")),
     ("data: index_select / copy", ("index_select", "contiguous", "copy_", "clone")),

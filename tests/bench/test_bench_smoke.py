@@ -269,7 +269,8 @@ def test_profile_step_quick(tmp_path: Path) -> None:
     # What bounds it: the FLOP rates and the epoch floor come from this run's own numbers.
     bound = data["bound"]
     assert data["matmul_gflops_per_rank"] > 0
-    assert bound["mflop_per_sample"] == pytest.approx(71.565312)
+    # The default model (mnist_bn): 22,237,440 FLOPs per sample, counted by hand below.
+    assert bound["mflop_per_sample"] == pytest.approx(22.23744)
     assert 0 < bound["epoch_seconds_at_peak"] < bound["epoch_seconds_at_step_rate"]
     assert bound["conv_forward_gflops"] > 0 and bound["conv_backward_gflops"] > 0
     assert "| fp32 matrix multiply, every rank at once (the practical peak) |" in markdown
@@ -285,6 +286,21 @@ def test_training_flops_of_the_demo_cnn_by_hand() -> None:
     assert flops["conv_forward"] == conv1 + conv2
     assert flops["conv_backward"] == conv1 + 2 * conv2  # conv1 needs no input gradient
     assert flops["linear"] == 3 * linear
+
+def test_training_flops_of_mnist_bn_by_hand() -> None:
+    from trainer.model import INPUT_SHAPE, build_model
+
+    flops = profile_step.training_flops(build_model("mnist_bn"), INPUT_SHAPE)
+    # "same" padding, a 2x2 max-pool after each block: 28 -> 14 -> 7 -> 3
+    conv1 = 2 * 24 * 28 * 28 * (1 * 5 * 5)
+    conv2 = 2 * 48 * 14 * 14 * (24 * 3 * 3)
+    conv3 = 2 * 64 * 7 * 7 * (48 * 3 * 3)
+    linear = 2 * (64 * 3 * 3 * 10)
+    assert flops["conv_forward"] == conv1 + conv2 + conv3
+    assert flops["conv_backward"] == conv1 + 2 * (conv2 + conv3)
+    assert flops["linear"] == 3 * linear
+    per_sample = sum(flops.values())
+    assert per_sample == 22_237_440
 
 
 @pytest.mark.slow
