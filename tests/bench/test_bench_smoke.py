@@ -287,6 +287,7 @@ def test_training_flops_of_the_demo_cnn_by_hand() -> None:
     assert flops["conv_backward"] == conv1 + 2 * conv2  # conv1 needs no input gradient
     assert flops["linear"] == 3 * linear
 
+
 def test_training_flops_of_mnist_bn_by_hand() -> None:
     from trainer.model import INPUT_SHAPE, build_model
 
