@@ -8,7 +8,8 @@
    an unchanged dataset uploads nothing.
 2. **train** runs `horovodrun -np <num_proc> python -m trainer train` through the chosen
    launcher (local subprocess, Docker container, or Kubeflow MPIJob). Artifacts go to the
-   run-scoped prefix `s3://<bucket>/runs/<dag_id>/<run_id>/`; the returned metrics are the
+   run-scoped prefix `s3://<bucket>/runs/<dag_id>/<run_key>/` (the run id plus a hash of it:
+   distinct runs never share one); the returned metrics are the
    validation accuracy and loss **allreduced over all ranks** on the whole validation set.
 3. **gate** passes only if that accuracy is at least `min_accuracy` and not worse than the
    published model's by more than `max_regression`. A failing gate skips export and publish

@@ -13,6 +13,7 @@ what serving uses. Runs in the Airflow worker; needs no torch.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -31,14 +32,26 @@ LATEST = "latest.json"
 MANIFEST = "manifest.json"
 FORMAT = "horovod-airflow/model-v1"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: Characters of the readable part of a key, and of the hash of the exact value after it.
+KEY_READABLE_CHARS = 80
+KEY_HASH_CHARS = 12
 
 
 def safe_key(value: str) -> str:
-    """Make a run id (``manual__2026-12-02T10:00:00+00:00``) safe as one S3 key segment."""
-    cleaned = _SAFE.sub("_", value).strip("._")
-    if not cleaned:
-        raise ValueError(f"cannot make a key segment from {value!r}")
-    return cleaned[:200]
+    """One S3 key segment for a run id or conf value: readable, safe and distinct.
+
+    ``manual__2026-12-02T10:00:00+00:00`` → ``manual__2026-12-02T10_00_00_00_00-<12 hex>``:
+    the value with unsafe characters replaced (at most 80 of them), then the first 12 hex
+    digits of the sha256 of the *exact* value. The readable part alone is not one-to-one
+    (``a:b``, ``a+b`` and ``a b`` all read ``a_b``; long ids cut at the same place), the hash
+    makes the key so: two runs share a prefix only if their ids are equal (or collide in
+    48 bits of sha256). Deterministic, so every try of a run finds the same prefix.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"cannot make a key segment from {value!r}: need a non-empty string")
+    readable = _SAFE.sub("_", value).strip("._-")[:KEY_READABLE_CHARS].rstrip("._-")
+    digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:KEY_HASH_CHARS]
+    return f"{readable}-{digest}" if readable else digest
 
 
 def models_prefix(bucket_uri: str, model_name: str) -> str:

@@ -213,3 +213,15 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
     (ti,) = srun.get_task_instances()
     assert ti.state == "success"
     assert np.isfinite(latest["val_accuracy"])
+
+
+def test_colliding_run_ids_get_distinct_run_prefixes():
+    """Run ids that read alike (a REST-supplied id vs the UI's) never share a runs/ prefix."""
+    mod = _load_dag("prefix-check")
+    env = mod.retrain_dag.get_template_env()
+    ids = ["manual__2026-12-02T10:00:00+00:00", "manual__2026-12-02T10_00_00_00_00",
+           "a:b", "a+b", "a b", "r" * 300 + "1", "r" * 300 + "2"]  # fmt: skip
+    prefixes = [env.from_string(mod.RUN_PREFIX).render(dag=mod.retrain_dag, run_id=r) for r in ids]
+    assert len(set(prefixes)) == len(ids), prefixes
+    assert all(p.startswith("s3://prefix-check/runs/mnist_horovod_retrain/") for p in prefixes)
+    assert prefixes[0].endswith("/manual__2026-12-02T10_00_00_00_00-" + prefixes[0][-12:])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -52,15 +53,44 @@ def test_gate_rejects_values_outside_0_1(field):
 
 
 @pytest.mark.parametrize(
-    ("run_id", "key"),
+    ("run_id", "readable"),
     [
         ("manual__2026-12-02T10:00:00.123+00:00", "manual__2026-12-02T10_00_00.123_00_00"),
         ("scheduled__2026-12-06T00:00:00+00:00", "scheduled__2026-12-06T00_00_00_00_00"),
         ("a/b c", "a_b_c"),
     ],
 )
-def test_safe_key(run_id, key):
-    assert safe_key(run_id) == key
+def test_safe_key_is_readable_then_a_hash_of_the_exact_value(run_id, readable):
+    key = safe_key(run_id)
+    assert key == f"{readable}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", key)
+    assert safe_key(run_id) == key  # deterministic: every try of a run finds its prefix
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["a:b", "a+b", "a b", "a_b", "a/b"],
+        ["manual__2026-12-02T10:00:00+00:00", "manual__2026-12-02T10_00_00_00_00"],
+        ["x" * 300 + "1", "x" * 300 + "2", "x" * 80],  # differ only after the readable part
+        ["._run", "run", "run.", "-run-"],  # differ only in characters that are stripped
+    ],
+)
+def test_safe_key_gives_distinct_inputs_distinct_keys(values):
+    keys = [safe_key(v) for v in values]
+    assert len(set(keys)) == len(values), keys
+    assert all(len(k) <= 93 and re.fullmatch(r"[A-Za-z0-9._-]+", k) for k in keys), keys
+
+
+@pytest.mark.parametrize("bad", ["", None])
+def test_safe_key_refuses_an_empty_value(bad):
+    with pytest.raises(ValueError, match="non-empty string"):
+        safe_key(bad)
+
+
+def test_safe_key_of_only_unsafe_characters_is_the_hash():
+    assert re.fullmatch(r"[0-9a-f]{12}", safe_key("::"))
+    assert safe_key("::") != safe_key("++")
 
 
 def test_training_curves_png():
