@@ -12,14 +12,20 @@
    distinct runs never share one); the returned metrics are the
    validation accuracy and loss **allreduced over all ranks** on the whole validation set.
 3. **gate** passes only if that accuracy is at least `min_accuracy` and not worse than the
-   published model's by more than `max_regression`. A failing gate skips export and publish
-   and leaves the run's artifacts (and its `gate.json`) for inspection.
+   published model's by more than `max_regression`, both measured on the same data: a
+   champion measured on another dataset is re-scored on this run's test split (onnxruntime),
+   or the gate refuses and says why. A failing gate skips export and publish and leaves the
+   run's artifacts (and its `gate.json`) for inspection.
 4. **export_onnx** exports the rank-0 checkpoint to one ONNX file and checks onnxruntime
    against PyTorch (same launcher, so Airflow workers need no torch).
 5. **publish** copies the model, checkpoint, metrics, parity report, training curves and a
    summary to `s3://<bucket>/models/mnist_cnn/<version>/` with a sha256 `manifest.json`,
-   then updates `latest.json` — last, so readers never see a half-published model. It emits
-   the `latest.json` Asset, which schedules serving-side DAGs.
+   then updates `latest.json` — last, so readers never see a half-published model. The
+   version is named by the run, so a retry finds its own version and publishes nothing twice;
+   `latest.json` is written only if it is still the one the gate compared against (a
+   conditional put), else the publish fails without overwriting. It emits the `latest.json`
+   Asset with the version, ONNX URI, sha256, accuracy and dataset hash as the event's
+   `extra`, which schedules serving-side DAGs.
 
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
@@ -28,7 +34,6 @@ ranks, trainer image, GPUs per rank, Docker network).
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -129,39 +134,23 @@ def mnist_horovod_retrain() -> None:
     )
 
     @task.short_circuit
-    def gate(metrics: dict[str, Any]) -> dict[str, Any] | bool:
-        """Champion/challenger: pass the decision on, or short-circuit export and publish."""
-        import json
+    def gate(staged: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any] | bool:
+        """Champion/challenger on the same data: pass the decision on, or skip export+publish."""
+        from operators.model_registry import gate_challenger
 
-        from operators.model_registry import decide_gate, read_champion
-        from trainer import storage
-
-        context = get_current_context()
-        params = context["params"]
-        client = _s3_client()
-        champion = read_champion(BUCKET_URI, MODEL_NAME, client=client)
-        decision = decide_gate(
-            metrics["val_accuracy"],
+        params = get_current_context()["params"]
+        decision = gate_challenger(
+            bucket_uri=BUCKET_URI,
+            model_name=MODEL_NAME,
+            metrics=metrics,
+            dataset=staged,
             min_accuracy=params["min_accuracy"],
-            champion=champion,
             max_regression=params["max_regression"],
-        )
-        storage.write_text(
-            storage.join(metrics["output"], "gate.json"),
-            json.dumps(decision.as_dict(), indent=2),
-            client=client,
-        )
-        logging.getLogger("airflow.task").info(
-            "gate %s: challenger %.4f, champion %s, floor %.4f — %s",
-            "PASSED" if decision.passed else "FAILED",
-            decision.challenger_accuracy,
-            "none" if decision.champion_accuracy is None else f"{decision.champion_accuracy:.4f}",
-            decision.min_accuracy,
-            decision.reason,
+            client=_s3_client(),
         )
         return decision.as_dict() if decision.passed else False
 
-    decision = gate(train.output)
+    decision = gate(staged, train.output)
 
     export_onnx = HorovodExportOperator(
         task_id="export_onnx",
@@ -182,11 +171,12 @@ def mnist_horovod_retrain() -> None:
         decision: dict[str, Any],
         exported: dict[str, Any],
     ) -> dict[str, Any]:
-        """Copy the gated model to a new version, then point latest.json at it."""
-        from operators.model_registry import publish_model
+        """Copy the gated model to this run's version, then point latest.json at it."""
+        from operators.model_registry import asset_event_extra, publish_model, run_version
 
         context = get_current_context()
-        return publish_model(
+        dag_run = context["dag_run"]
+        latest = publish_model(
             bucket_uri=BUCKET_URI,
             model_name=MODEL_NAME,
             run_output=metrics["output"],
@@ -195,8 +185,11 @@ def mnist_horovod_retrain() -> None:
             dataset=staged,
             gate=decision,
             dag_run_id=context["run_id"],
+            version=run_version(dag_run.dag_id, context["run_id"], dag_run.run_after),
             client=_s3_client(),
         )
+        context["outlet_events"][LATEST_MODEL].extra = asset_event_extra(latest)
+        return latest
 
     staged >> train
     decision >> export_onnx

@@ -2,10 +2,12 @@
 ### Serving-side consumer: check and smoke-test the newly published MNIST model
 
 Scheduled on the `mnist_cnn_latest` Asset (the `latest.json` that
-`mnist_horovod_retrain` writes last), not on time. It downloads the model that
-`latest.json` names, checks its sha256 against the version's `manifest.json`, runs
-onnxruntime on a few real MNIST test images and logs the predictions. Needs onnxruntime and
-numpy on the worker — no torch.
+`mnist_horovod_retrain` writes last), not on time. It serves the version named by the Asset
+event that triggered the run (its `extra`), so a later publish cannot swap the model under
+it; a manual run, which has no event, uses the version `latest.json` names now. It
+downloads that model, checks its sha256 against the version's `manifest.json` and the event,
+runs onnxruntime on a few real MNIST test images and logs the predictions. Needs onnxruntime
+and numpy on the worker — no torch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import Asset, dag, task
+from airflow.sdk import Asset, dag, get_current_context, task
 
 from operators.settings import (
     AWS_CONN_ID,
@@ -38,14 +40,19 @@ LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
 def mnist_serve_latest_model() -> None:
     @task
     def smoke_test_latest(sample_count: int = 8) -> dict[str, Any]:
-        """Download latest.json's model, verify its sha256, predict a few test digits."""
+        """Download the triggering event's model, verify its sha256, predict a few test digits."""
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-        from operators.serving import smoke_test_published_model
+        from operators.serving import published_from_events, smoke_test_published_model
 
+        events = get_current_context()["triggering_asset_events"]
         client = S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
         return smoke_test_published_model(
-            BUCKET_URI, MODEL_NAME, client=client, sample_count=sample_count
+            BUCKET_URI,
+            MODEL_NAME,
+            client=client,
+            sample_count=sample_count,
+            published=published_from_events(events, LATEST_MODEL),
         )
 
     smoke_test_latest()

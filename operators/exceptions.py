@@ -1,14 +1,17 @@
-"""Typed failures of a Horovod job, each carrying what an on-call engineer needs to act.
+"""Typed failures of the pipeline, each carrying what an on-call engineer needs to act.
 
-All subclass :class:`HorovodOperatorError` (an ``AirflowException``), so Airflow retries
-them like any task failure; callers that care can catch the precise kind.
+The failures of a Horovod job subclass :class:`HorovodOperatorError` (an
+``AirflowException``), so Airflow retries them like any task failure; callers that care can
+catch the precise kind. Failures that a retry cannot fix (a refused publish, a champion that
+changed under the gate) are ``AirflowFailException``: the task fails without using its
+retries, and the message says what to do instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 TAIL_LINES_IN_MESSAGE = 40
 
@@ -48,3 +51,19 @@ class HorovodTimeoutError(HorovodOperatorError):
     def __init__(self, message: str, *, timeout: float, log_tail: Sequence[str] = ()) -> None:
         self.timeout = timeout
         super().__init__(message, log_tail=log_tail)
+
+
+class PublishRefusedError(AirflowFailException):
+    """The model registry refuses this publish, and retrying it cannot change that.
+
+    The gate did not pass, ONNX parity failed, or the run's version name already holds
+    another run's model.
+    """
+
+
+class ChampionChangedError(PublishRefusedError):
+    """``latest.json`` is no longer the one the gate compared against: another publish won.
+
+    Nothing was overwritten. Re-run the gate (clear it and its downstream tasks) to compare
+    against the new champion.
+    """

@@ -3,12 +3,17 @@
 Layout (``<bucket>/models/<model_name>/``)::
 
     <version>/model.onnx, checkpoint.pt, metrics.json, parity.json,
-              training_curves.png, summary.md, manifest.json
+              training_curves.png, summary.md, manifest.json   # manifest written last
     latest.json        # points at the serving version; written last
 
 A version directory is complete before ``latest.json`` names it, so a reader that follows
 ``latest.json`` never sees a half-published model, and a failed or gated run never touches
-what serving uses. Runs in the Airflow worker; needs no torch.
+what serving uses. The version is named by the run (:func:`run_version`), so a retried
+publish finds its own version instead of adding one. ``latest.json`` is written with a
+conditional put on the ETag the gate read: a champion that changed in between fails the
+publish (:class:`ChampionChangedError`) and is never overwritten. The gate compares
+accuracies measured on the same dataset content, re-scoring the champion when they differ.
+Runs in the Airflow worker; needs no torch (re-scoring uses onnxruntime).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from operators.exceptions import ChampionChangedError, PublishRefusedError
 from trainer import storage
 
 log = logging.getLogger(__name__)
@@ -58,17 +64,114 @@ def models_prefix(bucket_uri: str, model_name: str) -> str:
     return storage.join(bucket_uri, "models", model_name)
 
 
+def latest_uri(bucket_uri: str, model_name: str) -> str:
+    return storage.join(models_prefix(bucket_uri, model_name), LATEST)
+
+
+def read_latest(
+    bucket_uri: str, model_name: str, *, client: Any | None = None
+) -> tuple[dict | None, str | None]:
+    """``latest.json`` and its ETag, read in one request; ``(None, None)`` before any publish.
+
+    The ETag is what a later publish conditions its write on (:func:`write_latest`). For a
+    local registry folder it is the sha256 of the file's bytes.
+    """
+    uri = latest_uri(bucket_uri, model_name)
+    loc = storage.parse(uri)
+    if not loc.is_s3:
+        path = Path(loc.key)
+        if not path.is_file():
+            return None, None
+        data = path.read_bytes()
+        return json.loads(data), storage.sha256_bytes(data)
+    from botocore.exceptions import ClientError
+
+    s3 = client if client is not None else storage.s3_client()
+    try:
+        response = s3.get_object(Bucket=loc.bucket, Key=loc.key)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None, None
+        raise storage.StorageError(f"cannot read {uri}: {e}") from e
+    return json.loads(response["Body"].read()), str(response["ETag"])
+
+
 def read_champion(bucket_uri: str, model_name: str, *, client: Any | None = None) -> dict | None:
     """The published ``latest.json`` of ``model_name``, or None before the first publish."""
-    uri = storage.join(models_prefix(bucket_uri, model_name), LATEST)
-    if not storage.exists(uri, client=client):
-        return None
-    return json.loads(storage.read_text(uri, client=client))
+    return read_latest(bucket_uri, model_name, client=client)[0]
+
+
+def write_latest(
+    bucket_uri: str,
+    model_name: str,
+    document: dict[str, Any],
+    *,
+    expected_etag: str | None,
+    client: Any | None = None,
+) -> str:
+    """Write ``latest.json`` only if it is still the one whose ETag was read; return the URI.
+
+    ``expected_etag=None`` means "there was no champion": the write succeeds only if no
+    ``latest.json`` exists. On S3 this is one conditional PutObject (``If-Match: <etag>`` or
+    ``If-None-Match: *``), atomic on the server; a local folder is guarded by an exclusive
+    ``flock`` on ``latest.json.lock`` (atomic between processes of one host). Raises
+    :class:`ChampionChangedError` when the condition fails; nothing is overwritten then.
+    """
+    uri = latest_uri(bucket_uri, model_name)
+    body = json.dumps(document, indent=2).encode("utf-8")
+    loc = storage.parse(uri)
+    if not loc.is_s3:
+        import fcntl
+
+        path = Path(loc.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(LATEST + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = storage.sha256_bytes(path.read_bytes()) if path.is_file() else None
+            if current != expected_etag:
+                raise _champion_changed(uri, expected_etag, current)
+            return storage.write_bytes(uri, body)
+    from botocore.exceptions import ClientError
+
+    s3 = client if client is not None else storage.s3_client()
+    condition = {"IfMatch": expected_etag} if expected_etag else {"IfNoneMatch": "*"}
+    try:
+        s3.put_object(
+            Bucket=loc.bucket,
+            Key=loc.key,
+            Body=body,
+            ContentType="application/json",
+            **condition,
+        )
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code")
+        # 412: the condition failed; 409: a concurrent conditional write is in flight (AWS);
+        # NoSuchKey: If-Match on a latest.json that was deleted since the gate read it.
+        if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey"):
+            raise _champion_changed(uri, expected_etag, f"S3 said {code}") from e
+        raise storage.StorageError(f"cannot write {uri}: {e}") from e
+    return uri
+
+
+def _champion_changed(uri: str, expected: str | None, found: str | None) -> ChampionChangedError:
+    what = "no latest.json (no champion)" if expected is None else f"ETag {expected}"
+    return ChampionChangedError(
+        f"{uri} changed after the gate read it: the gate compared against {what}, now "
+        f"{found or 'it is gone'}. Another publish won; nothing was overwritten. Clear the "
+        f"gate (and its downstream tasks) to compare against the new champion."
+    )
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    """The outcome of the champion/challenger gate, with both numbers and the reason."""
+    """The outcome of the champion/challenger gate, with both numbers and the reason.
+
+    ``champion_accuracy`` is the number the challenger was compared with: the champion's
+    stored accuracy when both were measured on the same dataset content, else its accuracy
+    re-scored on the challenger's dataset (``champion_rescored``), else None (refused).
+    ``champion_etag`` is the ETag of the ``latest.json`` the gate read; publish writes only
+    over that one.
+    """
 
     passed: bool
     reason: str
@@ -77,9 +180,22 @@ class GateDecision:
     champion_accuracy: float | None
     champion_version: str | None
     max_regression: float
+    challenger_dataset_hash: str | None = None
+    champion_dataset_hash: str | None = None
+    champion_stored_accuracy: float | None = None
+    champion_rescored: bool = False
+    champion_etag: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def champion_dataset_hash(champion: dict | None) -> str | None:
+    """The dataset content hash the champion was measured on (None: not recorded)."""
+    if champion is None:
+        return None
+    value = champion.get("dataset_content_hash")
+    return str(value) if value else None
 
 
 def decide_gate(
@@ -88,11 +204,17 @@ def decide_gate(
     min_accuracy: float,
     champion: dict | None,
     max_regression: float,
+    challenger_dataset_hash: str | None = None,
+    champion_rescored_accuracy: float | None = None,
+    champion_etag: str | None = None,
 ) -> GateDecision:
     """Pass when accuracy >= min_accuracy and is not worse than the champion by > max_regression.
 
     Accuracies are fractions in [0, 1]. The first model has no champion and is judged by the
-    floor alone.
+    floor alone. The champion's stored accuracy counts only when it was measured on the same
+    dataset content (``challenger_dataset_hash``); otherwise the gate uses
+    ``champion_rescored_accuracy`` (the champion scored on the challenger's dataset) and,
+    without it, refuses: accuracies on different data are not comparable.
     """
     for name, value in (
         ("challenger_accuracy", challenger_accuracy),
@@ -101,43 +223,138 @@ def decide_gate(
     ):
         if not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"{name} must be a fraction in [0, 1], got {value!r}")
-    champ_acc = None if champion is None else float(champion["val_accuracy"])
+    stored = None if champion is None else float(champion["val_accuracy"])
     champ_ver = None if champion is None else str(champion.get("version"))
-    kwargs = dict(
-        challenger_accuracy=float(challenger_accuracy),
-        min_accuracy=float(min_accuracy),
-        champion_accuracy=champ_acc,
-        champion_version=champ_ver,
-        max_regression=float(max_regression),
+    champ_hash = champion_dataset_hash(champion)
+    same_data = champion is None or (
+        challenger_dataset_hash is not None and champ_hash == challenger_dataset_hash
     )
+    champ_acc: float | None = None
+    rescored = False
+    if same_data:
+        champ_acc = stored
+    elif champion_rescored_accuracy is not None:
+        champ_acc, rescored = float(champion_rescored_accuracy), True
+
+    def decision(passed: bool, reason: str) -> GateDecision:
+        return GateDecision(
+            passed=passed,
+            reason=reason,
+            challenger_accuracy=float(challenger_accuracy),
+            min_accuracy=float(min_accuracy),
+            champion_accuracy=champ_acc,
+            champion_version=champ_ver,
+            max_regression=float(max_regression),
+            challenger_dataset_hash=challenger_dataset_hash,
+            champion_dataset_hash=champ_hash,
+            champion_stored_accuracy=stored,
+            champion_rescored=rescored,
+            champion_etag=champion_etag,
+        )
+
     if challenger_accuracy < min_accuracy:
-        return GateDecision(
-            passed=False,
-            reason=(
-                f"accuracy {challenger_accuracy:.4%} is below the floor min_accuracy "
-                f"{min_accuracy:.4%}"
-            ),
-            **kwargs,  # type: ignore[arg-type]
+        return decision(
+            False,
+            f"accuracy {challenger_accuracy:.4%} is below the floor min_accuracy "
+            f"{min_accuracy:.4%}",
         )
-    if champ_acc is not None and challenger_accuracy < champ_acc - max_regression:
-        return GateDecision(
-            passed=False,
-            reason=(
-                f"accuracy {challenger_accuracy:.4%} is worse than the champion {champ_ver} "
-                f"({champ_acc:.4%}) by more than max_regression {max_regression:.4%}"
-            ),
-            **kwargs,  # type: ignore[arg-type]
+    if champion is None or champ_acc is None:
+        if champion is not None:
+            return decision(
+                False,
+                f"the champion {champ_ver} was measured on dataset {_short(champ_hash)}, this "
+                f"model on {_short(challenger_dataset_hash)}: accuracies on different data are "
+                f"not comparable, and the champion was not re-scored on this dataset",
+            )
+        return decision(
+            True, f"accuracy {challenger_accuracy:.4%} >= floor {min_accuracy:.4%}; no champion yet"
         )
-    against = (
-        "no champion yet"
-        if champ_acc is None
-        else f"champion {champ_ver} has {champ_acc:.4%} (max_regression {max_regression:.4%})"
+    basis = (
+        f"re-scored on this run's dataset {_short(challenger_dataset_hash)}; it was measured "
+        f"at {stored:.4%} on {_short(champ_hash)}"
+        if rescored
+        else f"measured on the same dataset {_short(champ_hash)}"
     )
-    return GateDecision(
-        passed=True,
-        reason=(f"accuracy {challenger_accuracy:.4%} >= floor {min_accuracy:.4%}; {against}"),
-        **kwargs,  # type: ignore[arg-type]
+    if challenger_accuracy < champ_acc - max_regression:
+        return decision(
+            False,
+            f"accuracy {challenger_accuracy:.4%} is worse than the champion {champ_ver} "
+            f"({champ_acc:.4%}, {basis}) by more than max_regression {max_regression:.4%}",
+        )
+    return decision(
+        True,
+        f"accuracy {challenger_accuracy:.4%} >= floor {min_accuracy:.4%}; champion {champ_ver} "
+        f"has {champ_acc:.4%}, {basis} (max_regression {max_regression:.4%})",
     )
+
+
+def _short(content_hash: str | None) -> str:
+    return "unknown (not recorded)" if not content_hash else content_hash[:16]
+
+
+def gate_challenger(
+    *,
+    bucket_uri: str,
+    model_name: str,
+    metrics: dict[str, Any],
+    dataset: dict[str, Any],
+    min_accuracy: float,
+    max_regression: float,
+    client: Any | None = None,
+) -> GateDecision:
+    """The gate task: read the champion, compare like with like, write ``gate.json``.
+
+    ``metrics`` is the train task's XCom (``val_accuracy``, ``output``), ``dataset`` the
+    staging task's (``uri``, ``content_hash``). When the champion was measured on other data
+    (or its dataset is not recorded), it is re-scored with onnxruntime on this dataset's test
+    split first; if that fails, the decision refuses and says why.
+    """
+    champion, etag = read_latest(bucket_uri, model_name, client=client)
+    challenger_hash = dataset.get("content_hash")
+    rescored = None
+    if champion is not None and champion_dataset_hash(champion) != challenger_hash:
+        from operators.serving import ModelIntegrityError, score_published_model
+        from trainer import layout
+
+        try:
+            rescored = score_published_model(champion, dataset["uri"], client=client)["accuracy"]
+        except (ModelIntegrityError, storage.StorageError, layout.DatasetError, KeyError) as e:
+            log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)
+    decision = decide_gate(
+        metrics["val_accuracy"],
+        min_accuracy=min_accuracy,
+        champion=champion,
+        max_regression=max_regression,
+        challenger_dataset_hash=challenger_hash,
+        champion_rescored_accuracy=rescored,
+        champion_etag=etag,
+    )
+    storage.write_text(
+        storage.join(metrics["output"], "gate.json"),
+        json.dumps(decision.as_dict(), indent=2),
+        client=client,
+    )
+    log.info("gate %s: %s", "PASSED" if decision.passed else "FAILED", decision.reason)
+    return decision
+
+
+def asset_event_extra(latest: dict[str, Any]) -> dict[str, Any]:
+    """The ``extra`` of the Asset event a publish emits: what a consumer needs, no lookup."""
+    return {
+        key: latest.get(key)
+        for key in (
+            "model",
+            "version",
+            "uri",
+            "manifest_uri",
+            "onnx_uri",
+            "onnx_sha256",
+            "val_accuracy",
+            "dataset_uri",
+            "dataset_content_hash",
+            "dag_run_id",
+        )
+    }
 
 
 def render_training_curves(history: list[dict[str, Any]]) -> bytes:
@@ -227,9 +444,37 @@ horovod {versions.get("horovod")}, trainer {versions.get("trainer")}
 """
 
 
-def new_version(now: datetime | None = None) -> str:
-    """A sortable, unique-enough version name: ``v20261202T101500Z``."""
-    return (now or datetime.now(UTC)).strftime("v%Y%m%dT%H%M%S%fZ")
+def run_version(dag_id: str, run_id: str, run_after: datetime | None = None) -> str:
+    """The version a DAG run publishes: ``v20261202T101500Z-<12 hex>``, the same on every try.
+
+    The stamp is the run's ``run_after`` (stable across retries and clears, so versions sort
+    by when their runs were due); the hash is of the exact ``dag_id`` and ``run_id``, so two
+    runs never share a version and a retry re-publishes its own.
+    """
+    if not dag_id or not run_id:
+        raise ValueError(f"run_version needs a dag_id and a run_id, got {dag_id!r}, {run_id!r}")
+    digest = hashlib.sha256(f"{dag_id}\n{run_id}".encode()).hexdigest()[:KEY_HASH_CHARS]
+    if run_after is None:
+        return f"v-{digest}"
+    return f"{run_after.astimezone(UTC).strftime('v%Y%m%dT%H%M%SZ')}-{digest}"
+
+
+def _latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -> dict[str, Any]:
+    """What ``latest.json`` says about a published version, all of it from its manifest."""
+    return {
+        "format": FORMAT,
+        "model": manifest["model"],
+        "version": manifest["version"],
+        "uri": prefix,
+        "manifest_uri": manifest_uri,
+        "onnx_uri": manifest["files"]["model.onnx"]["uri"],
+        "onnx_sha256": manifest["files"]["model.onnx"]["sha256"],
+        "val_accuracy": manifest["metrics"]["val_accuracy"],
+        "dataset_uri": manifest["dataset"].get("uri"),
+        "dataset_content_hash": manifest["dataset"].get("content_hash"),
+        "dag_run_id": manifest["dag_run_id"],
+        "published_at": manifest["published_at"],
+    }
 
 
 def publish_model(
@@ -242,22 +487,101 @@ def publish_model(
     dataset: dict[str, Any],
     gate: dict[str, Any],
     dag_run_id: str,
+    version: str,
     client: Any | None = None,
-    version: str | None = None,
 ) -> dict[str, Any]:
-    """Copy a gated run's artifacts to a new version, then point ``latest.json`` at it.
+    """Copy a gated run's artifacts to ``version``, then point ``latest.json`` at it.
 
-    Returns the ``latest.json`` document. Refuses to publish a run whose gate did not pass.
+    Idempotent per run: ``version`` comes from the run (:func:`run_version`), so a retry finds
+    its own version. A version whose ``manifest.json`` (written last) exists is complete and
+    is not copied again; when ``latest.json`` already names it, the publish is done and
+    returns that document unchanged. ``latest.json`` is written only over the one the gate
+    read (``gate["champion_etag"]``, :func:`write_latest`).
+
+    Returns the ``latest.json`` document. Raises :class:`PublishRefusedError` when the gate
+    or ONNX parity did not pass or ``version`` holds another run's model, and
+    :class:`ChampionChangedError` when another publish changed ``latest.json`` since the gate.
     """
     if not gate.get("passed"):
-        raise ValueError(f"refusing to publish: the gate did not pass ({gate.get('reason')})")
-    version = version or new_version()
+        raise PublishRefusedError(
+            f"refusing to publish: the gate did not pass ({gate.get('reason')})"
+        )
+    if "champion_etag" not in gate:
+        raise PublishRefusedError(
+            "refusing to publish: the gate decision records no champion_etag (the latest.json "
+            "it compared against); re-run the gate"
+        )
+    if _SAFE.search(version) or version.strip("._-") != version:
+        raise PublishRefusedError(f"refusing to publish: {version!r} is not a safe version name")
     prefix = storage.join(models_prefix(bucket_uri, model_name), version)
+    manifest_uri = storage.join(prefix, MANIFEST)
+
+    current, _ = read_latest(bucket_uri, model_name, client=client)
+    if current and current.get("version") == version and current.get("dag_run_id") == dag_run_id:
+        log.info("%s %s is already published by this run: nothing to do", model_name, version)
+        return current
+
+    if storage.exists(manifest_uri, client=client):
+        manifest = json.loads(storage.read_text(manifest_uri, client=client))
+        if manifest.get("dag_run_id") != dag_run_id or manifest.get("source_run") != run_output:
+            raise PublishRefusedError(
+                f"refusing to publish: {prefix} already holds the model of run "
+                f"{manifest.get('dag_run_id')!r} ({manifest.get('source_run')}), not of "
+                f"{dag_run_id!r} ({run_output})"
+            )
+        log.info("%s is complete from an earlier try: not copied again", prefix)
+    else:
+        manifest = _copy_version(
+            prefix=prefix,
+            model_name=model_name,
+            version=version,
+            run_output=run_output,
+            onnx_uri=onnx_uri,
+            parity_uri=parity_uri,
+            dataset=dataset,
+            gate=gate,
+            dag_run_id=dag_run_id,
+            client=client,
+        )
+        storage.write_text(manifest_uri, json.dumps(manifest, indent=2), client=client)
+
+    latest = _latest_document(manifest, manifest_uri, prefix)
+    # Last, and only over the champion the gate compared against: readers following
+    # latest.json only ever see a complete version, and a concurrent publish is never lost.
+    try:
+        write_latest(
+            bucket_uri, model_name, latest, expected_etag=gate["champion_etag"], client=client
+        )
+    except ChampionChangedError:
+        # A PUT that succeeded but whose response was lost is retried by the client and then
+        # fails its own condition: it is ours if latest.json names this run's version.
+        now, _ = read_latest(bucket_uri, model_name, client=client)
+        if now == latest:
+            return latest
+        raise
+    log.info("published %s %s at %s", model_name, version, prefix)
+    return latest
+
+
+def _copy_version(
+    *,
+    prefix: str,
+    model_name: str,
+    version: str,
+    run_output: str,
+    onnx_uri: str,
+    parity_uri: str,
+    dataset: dict[str, Any],
+    gate: dict[str, Any],
+    dag_run_id: str,
+    client: Any | None,
+) -> dict[str, Any]:
+    """Copy the run's files under ``prefix`` and return the manifest (not yet written)."""
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
     metrics = json.loads(storage.read_text(storage.join(run_output, "metrics.json"), client=client))
     parity = json.loads(storage.read_text(parity_uri, client=client))
     if not parity.get("passed"):
-        raise ValueError(f"refusing to publish: ONNX parity failed ({parity})")
+        raise PublishRefusedError(f"refusing to publish: ONNX parity failed ({parity})")
     sources = {
         "model.onnx": onnx_uri,
         "checkpoint.pt": metrics.get("artifacts", {}).get("checkpoint")
@@ -295,7 +619,7 @@ def publish_model(
                 "size": path.stat().st_size,
             }
     final = {k: metrics.get(k) for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
-    manifest = {
+    return {
         "format": FORMAT,
         "model": model_name,
         "version": version,
@@ -310,26 +634,3 @@ def publish_model(
         "dag_run_id": dag_run_id,
         "published_at": published_at,
     }
-    manifest_uri = storage.write_text(
-        storage.join(prefix, MANIFEST), json.dumps(manifest, indent=2), client=client
-    )
-    latest = {
-        "format": FORMAT,
-        "model": model_name,
-        "version": version,
-        "uri": prefix,
-        "manifest_uri": manifest_uri,
-        "onnx_uri": files["model.onnx"]["uri"],
-        "onnx_sha256": files["model.onnx"]["sha256"],
-        "val_accuracy": metrics["val_accuracy"],
-        "dag_run_id": dag_run_id,
-        "published_at": published_at,
-    }
-    # Last: readers following latest.json only ever see a complete version.
-    storage.write_text(
-        storage.join(models_prefix(bucket_uri, model_name), LATEST),
-        json.dumps(latest, indent=2),
-        client=client,
-    )
-    log.info("published %s %s at %s", model_name, version, prefix)
-    return latest

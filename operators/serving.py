@@ -1,4 +1,8 @@
-"""The serving side's view of a published model: fetch, verify, predict (onnxruntime, no torch)."""
+"""The serving side's view of a published model: fetch, verify, predict (onnxruntime, no torch).
+
+Also used by the gate to re-score the champion on a challenger's dataset, so that the two
+accuracies it compares were measured on the same data.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ log = logging.getLogger(__name__)
 
 # Fallbacks for models exported without normalization metadata.
 _DEFAULT_MEAN, _DEFAULT_STD = 0.1307, 0.3081
+_BATCH = 1000
 
 
 class ModelIntegrityError(RuntimeError):
@@ -32,45 +37,136 @@ def load_test_images(count: int, folder: Path = VENDORED_MNIST) -> tuple[np.ndar
     return images[:count], labels[:count]
 
 
-def smoke_test_published_model(
-    bucket_uri: str, model_name: str, *, client: Any | None = None, sample_count: int = 8
-) -> dict[str, Any]:
-    """Download the model ``latest.json`` names, check its sha256, predict a few digits."""
+def load_staged_test_split(
+    dataset_uri: str, workdir: Path, *, client: Any | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The whole test split of a staged dataset, each file checked against its manifest."""
+    manifest = layout.parse_manifest(
+        storage.read_bytes(storage.join(dataset_uri, layout.MANIFEST_NAME), client=client)
+    )
+    arrays = []
+    for kind in ("images", "labels"):
+        entry = layout.entry_for(manifest, "test", kind)
+        path = storage.download_file(
+            storage.join(dataset_uri, entry["name"]), workdir / entry["name"], client=client
+        )
+        layout.verify_file(path, entry)
+        arrays.append(layout.read_idx(path))
+    return arrays[0], arrays[1]
+
+
+def open_published_model(
+    published: dict[str, Any], workdir: Path, *, client: Any | None = None
+) -> Any:
+    """An onnxruntime session of a published model, after checking its sha256.
+
+    ``published`` is a ``latest.json`` document or the ``extra`` of its Asset event (both
+    name ``manifest_uri``, ``onnx_uri`` and ``onnx_sha256``). The downloaded file must match
+    the version manifest and, when given, the document's own ``onnx_sha256``.
+    """
     import onnxruntime as ort
 
-    latest = read_champion(bucket_uri, model_name, client=client)
-    if latest is None:
-        raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
-    manifest = json.loads(storage.read_text(latest["manifest_uri"], client=client))
+    manifest = json.loads(storage.read_text(published["manifest_uri"], client=client))
     expected = manifest["files"]["model.onnx"]["sha256"]
-    with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
-        path = storage.download_file(latest["onnx_uri"], Path(tmp) / "model.onnx", client=client)
-        actual = storage.sha256_file(path)
-        if actual != expected:
-            raise ModelIntegrityError(
-                f"{latest['onnx_uri']}: sha256 {actual}, manifest {latest['manifest_uri']} "
-                f"says {expected}"
-            )
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    path = storage.download_file(published["onnx_uri"], workdir / "model.onnx", client=client)
+    actual = storage.sha256_file(path)
+    claimed = published.get("onnx_sha256", expected)
+    if actual != expected or claimed != expected:
+        raise ModelIntegrityError(
+            f"{published['onnx_uri']}: sha256 {actual}, manifest {published['manifest_uri']} "
+            f"says {expected}, the published record says {claimed}"
+        )
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def predict(session: Any, images: np.ndarray) -> np.ndarray:
+    """Predicted classes of uint8 images [N, 28, 28], normalized as the model's metadata says."""
     meta = session.get_modelmeta().custom_metadata_map
     mean = float(meta.get("normalize_mean", _DEFAULT_MEAN))
     std = float(meta.get("normalize_std", _DEFAULT_STD))
+    name = session.get_inputs()[0].name
+    out = []
+    for start in range(0, len(images), _BATCH):
+        x = ((images[start : start + _BATCH].astype(np.float32) / 255.0 - mean) / std)[:, None]
+        out.append(session.run(None, {name: x})[0].argmax(axis=1))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def score_published_model(
+    published: dict[str, Any], dataset_uri: str, *, client: Any | None = None
+) -> dict[str, Any]:
+    """Accuracy of a published model on the whole test split of a staged dataset."""
+    with tempfile.TemporaryDirectory(prefix="hva-score-") as tmp:
+        session = open_published_model(published, Path(tmp), client=client)
+        images, labels = load_staged_test_split(dataset_uri, Path(tmp), client=client)
+    correct = int((predict(session, images) == labels).sum())
+    result = {
+        "version": published.get("version"),
+        "dataset_uri": dataset_uri,
+        "accuracy": correct / len(labels),
+        "correct": correct,
+        "samples": len(labels),
+    }
+    log.info("re-scored %s on %s: %s", published.get("version"), dataset_uri, result)
+    return result
+
+
+def published_from_events(events: Any, asset: Any) -> dict[str, Any] | None:
+    """The ``extra`` of the newest triggering event of ``asset`` that names a model, or None.
+
+    ``events`` is the task context's ``triggering_asset_events``; a manual run has none.
+    An event without ``onnx_uri`` (emitted by hand, or by an older publish) is skipped.
+    """
+    try:
+        candidates = list(events[asset]) if events else []
+    except KeyError:
+        candidates = []
+    candidates.sort(key=lambda e: str(getattr(e, "timestamp", "")))
+    for event in reversed(candidates):
+        extra = dict(getattr(event, "extra", None) or {})
+        if extra.get("onnx_uri") and extra.get("manifest_uri") and extra.get("version"):
+            return extra
+    return None
+
+
+def smoke_test_published_model(
+    bucket_uri: str,
+    model_name: str,
+    *,
+    client: Any | None = None,
+    sample_count: int = 8,
+    published: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Download a published model, check its sha256, predict a few digits.
+
+    ``published`` names the model (the ``extra`` of the Asset event that triggered the
+    serving run); None: the model ``latest.json`` names now (a manual run).
+    """
+    source = "asset event"
+    if published is None:
+        source = "latest.json"
+        published = read_champion(bucket_uri, model_name, client=client)
+        if published is None:
+            raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
+    with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
+        session = open_published_model(published, Path(tmp), client=client)
+        actual = storage.sha256_file(Path(tmp) / "model.onnx")
     images, labels = load_test_images(sample_count)
-    x = ((images.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
-    logits = session.run(None, {session.get_inputs()[0].name: x})[0]
-    predictions = logits.argmax(axis=1)
+    predictions = predict(session, images)
     correct = int((predictions == labels).sum())
     log.info(
-        "%s %s: predictions %s, labels %s (%d/%d correct)",
+        "%s %s (from the %s): predictions %s, labels %s (%d/%d correct)",
         model_name,
-        latest["version"],
+        published["version"],
+        source,
         predictions.tolist(),
         labels.tolist(),
         correct,
         len(labels),
     )
     return {
-        "version": latest["version"],
+        "version": published["version"],
+        "source": source,
         "onnx_sha256": actual,
         "predictions": predictions.tolist(),
         "labels": labels.tolist(),

@@ -7,13 +7,18 @@ import json
 import re
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
+from operators.exceptions import ChampionChangedError, PublishRefusedError
 from operators.model_registry import (
     decide_gate,
     publish_model,
     read_champion,
+    read_latest,
     render_training_curves,
+    run_version,
     safe_key,
+    write_latest,
 )
 from trainer import storage
 
@@ -37,12 +42,42 @@ HISTORY = [
     ],
 )
 def test_gate_matrix(acc, floor, champion, margin, passed, reason):
-    champ = None if champion is None else {"val_accuracy": champion, "version": "v1"}
-    d = decide_gate(acc, min_accuracy=floor, champion=champ, max_regression=margin)
+    champ = (
+        None
+        if champion is None
+        else {"val_accuracy": champion, "version": "v1", "dataset_content_hash": "h" * 64}
+    )
+    d = decide_gate(
+        acc, min_accuracy=floor, champion=champ, max_regression=margin,
+        challenger_dataset_hash="h" * 64,
+    )  # fmt: skip
     assert d.passed is passed
     assert reason in d.reason
     assert d.challenger_accuracy == acc
     assert d.champion_accuracy == champion
+
+
+@pytest.mark.parametrize("champion_hash", ["a" * 64, None])
+def test_gate_refuses_a_champion_measured_on_other_data(champion_hash):
+    champ = {"val_accuracy": 0.90, "version": "v1", "dataset_content_hash": champion_hash}
+    d = decide_gate(0.99, min_accuracy=0.5, champion=champ, max_regression=0.01,
+                    challenger_dataset_hash="b" * 64)  # fmt: skip
+    assert d.passed is False
+    assert "not comparable" in d.reason and "b" * 16 in d.reason
+    assert ("a" * 16 if champion_hash else "unknown (not recorded)") in d.reason
+    assert d.champion_accuracy is None and d.champion_stored_accuracy == 0.90
+
+
+def test_gate_compares_with_the_champion_rescored_on_this_data():
+    champ = {"val_accuracy": 0.90, "version": "v1", "dataset_content_hash": "a" * 64}
+    kwargs = dict(min_accuracy=0.5, champion=champ, max_regression=0.01,
+                  challenger_dataset_hash="b" * 64)  # fmt: skip
+    worse = decide_gate(0.95, champion_rescored_accuracy=0.97, **kwargs)
+    assert worse.passed is False and worse.champion_rescored is True
+    assert worse.champion_accuracy == 0.97 and "re-scored on this run's dataset" in worse.reason
+    assert "measured at 90.0000%" in worse.reason
+    better = decide_gate(0.99, champion_rescored_accuracy=0.97, **kwargs)
+    assert better.passed is True and "re-scored" in better.reason
 
 
 @pytest.mark.parametrize("field", ["min_accuracy", "max_regression"])
@@ -116,12 +151,19 @@ def _fake_run(s3_server, bucket: str, accuracy: float) -> tuple[str, str, str]:
     return run, f"{run}/onnx/model.onnx", f"{run}/onnx/parity.json"
 
 
-def _publish(s3_server, bucket, run, onnx, parity, version):
-    gate = decide_gate(0.99, min_accuracy=0.5, champion=None, max_regression=0.01).as_dict()
+def _gate(s3_server, bucket, accuracy=0.99) -> dict:
+    """The gate decision as the gate task makes it: champion and its ETag read from S3."""
+    champion, etag = read_latest(f"s3://{bucket}", "mnist_cnn", client=s3_server.client())
+    return decide_gate(accuracy, min_accuracy=0.5, champion=champion, max_regression=0.5,
+                       challenger_dataset_hash="abc", champion_etag=etag).as_dict()  # fmt: skip
+
+
+def _publish(s3_server, bucket, run, onnx, parity, version, gate=None, dag_run_id="manual__1"):
     return publish_model(
         bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run, onnx_uri=onnx,
         parity_uri=parity, dataset={"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"},
-        gate=gate, dag_run_id="manual__1", client=s3_server.client(), version=version,
+        gate=gate or _gate(s3_server, bucket), dag_run_id=dag_run_id, client=s3_server.client(),
+        version=version,
     )  # fmt: skip
 
 
@@ -163,8 +205,130 @@ def test_a_failed_publish_leaves_latest_untouched(s3_server):
     assert storage.read_bytes(latest_uri, client=client) == before
 
     bad_gate = decide_gate(0.1, min_accuracy=0.5, champion=None, max_regression=0.0).as_dict()
-    with pytest.raises(ValueError, match="refusing to publish: the gate did not pass"):
+    with pytest.raises(PublishRefusedError, match="refusing to publish: the gate did not pass"):
         publish_model(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run2,
                       onnx_uri=f"{run2}/onnx/model.onnx", parity_uri=parity2, dataset={},
-                      gate=bad_gate, dag_run_id="r", client=client)  # fmt: skip
+                      gate=bad_gate, dag_run_id="r", client=client, version="v2")  # fmt: skip
     assert storage.read_bytes(latest_uri, client=client) == before
+
+
+def _versions(client, bucket) -> set[str]:
+    uris = storage.list_uris(f"s3://{bucket}/models/mnist_cnn", client=client)
+    keys = {u.split("/models/mnist_cnn/", 1)[1] for u in uris}
+    return {k.split("/", 1)[0] for k in keys if "/" in k}
+
+
+def test_run_version_is_the_same_on_every_try_and_distinct_per_run():
+    from datetime import UTC, datetime
+
+    due = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
+    v = run_version("dag", "manual__2026-12-02T10:15:00+00:00", due)
+    assert v == run_version("dag", "manual__2026-12-02T10:15:00+00:00", due)
+    assert re.fullmatch(r"v20261202T101500Z-[0-9a-f]{12}", v)
+    assert v != run_version("dag", "manual__2026-12-02T10_15_00_00_00", due)
+    assert v != run_version("other_dag", "manual__2026-12-02T10:15:00+00:00", due)
+
+
+def test_a_publish_retried_after_latest_was_written_adds_nothing(s3_server):
+    """Try 1 wrote latest.json then failed (say, the worker died); try 2 must not re-publish."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    gate = _gate(s3_server, bucket)  # the one gate decision both tries get from XCom
+    first = _publish(s3_server, bucket, run, onnx, parity, "v1-run", gate=gate)
+    objects = {k: v for k, v in _objects(client, bucket).items() if k.startswith("models/")}
+
+    again = _publish(s3_server, bucket, run, onnx, parity, "v1-run", gate=gate)
+    assert again == first
+    assert _versions(client, bucket) == {"v1-run"}
+    assert {k: v for k, v in _objects(client, bucket).items() if k.startswith("models/")} == (
+        objects
+    )  # not one object rewritten, latest.json included
+
+
+def test_a_publish_retried_after_the_version_was_copied_reuses_it(s3_server):
+    """Try 1 copied the version (manifest written) but died before latest.json."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    gate = _gate(s3_server, bucket)
+    storage.write_text(f"s3://{bucket}/models/mnist_cnn/latest.json", "{}", client=client)
+    with pytest.raises(ChampionChangedError):  # someone else's latest.json: try 1 fails late
+        _publish(s3_server, bucket, run, onnx, parity, "v1-run", gate=gate)
+    client.delete_object(Bucket=bucket, Key="models/mnist_cnn/latest.json")
+    version_objects = _objects(client, bucket, "models/mnist_cnn/v1-run/")
+    assert "models/mnist_cnn/v1-run/manifest.json" in version_objects
+
+    latest = _publish(s3_server, bucket, run, onnx, parity, "v1-run", gate=gate)
+    assert latest["version"] == "v1-run"
+    assert _objects(client, bucket, "models/mnist_cnn/v1-run/") == version_objects
+    assert _versions(client, bucket) == {"v1-run"}
+
+
+def test_a_version_holding_another_runs_model_is_refused(s3_server):
+    bucket = s3_server.new_bucket("registry")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    _publish(s3_server, bucket, run, onnx, parity, "v1")
+    with pytest.raises(PublishRefusedError, match="already holds the model of run 'manual__1'"):
+        _publish(s3_server, bucket, run, onnx, parity, "v1", dag_run_id="manual__2")
+
+
+def test_two_publishes_racing_for_latest_one_wins_the_other_fails(s3_server):
+    """Both gates read the same champion; the second conditional put fails, nothing is lost."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run0, onnx0, parity0 = _fake_run(s3_server, bucket, 0.980)
+    _publish(s3_server, bucket, run0, onnx0, parity0, "v0", dag_run_id="run0")
+    run_a, onnx_a, parity_a = _fake_run(s3_server, bucket, 0.991)
+    run_b, onnx_b, parity_b = _fake_run(s3_server, bucket, 0.995)
+    gate_a, gate_b = _gate(s3_server, bucket), _gate(s3_server, bucket)
+    assert gate_a["champion_version"] == gate_b["champion_version"] == "v0"
+    assert gate_a["champion_etag"]
+
+    won = _publish(s3_server, bucket, run_a, onnx_a, parity_a, "va", gate=gate_a, dag_run_id="a")
+    with pytest.raises(ChampionChangedError, match="changed after the gate read it") as lost:
+        _publish(s3_server, bucket, run_b, onnx_b, parity_b, "vb", gate=gate_b, dag_run_id="b")
+    assert "nothing was overwritten" in str(lost.value)
+    assert isinstance(lost.value, AirflowFailException)  # a retry of publish cannot fix it
+
+    latest = json.loads(storage.read_text(f"s3://{bucket}/models/mnist_cnn/latest.json",
+                                          client=client))  # fmt: skip
+    assert latest == won and latest["version"] == "va"
+    manifest = json.loads(storage.read_text(latest["manifest_uri"], client=client))
+    assert manifest["version"] == "va" and set(manifest["files"]) >= {"model.onnx"}
+    onnx_bytes = storage.read_bytes(latest["onnx_uri"], client=client)
+    assert hashlib.sha256(onnx_bytes).hexdigest() == latest["onnx_sha256"]
+
+
+def test_the_first_publish_is_conditional_on_there_being_no_champion(s3_server):
+    bucket = s3_server.new_bucket("registry")
+    gate = _gate(s3_server, bucket)  # no champion: If-None-Match: *
+    assert gate["champion_etag"] is None
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    _publish(s3_server, bucket, run, onnx, parity, "first", dag_run_id="first")
+    with pytest.raises(ChampionChangedError, match=re.escape("no latest.json (no champion)")):
+        _publish(s3_server, bucket, run, onnx, parity, "second", gate=gate, dag_run_id="second")
+    assert read_champion(f"s3://{bucket}", "mnist_cnn", client=s3_server.client())["version"] == (
+        "first"
+    )
+
+
+def test_write_latest_on_a_local_folder_is_conditional_too(tmp_path):
+    root = str(tmp_path / "registry")
+    write_latest(root, "m", {"version": "a"}, expected_etag=None)
+    doc, etag = read_latest(root, "m")
+    assert doc == {"version": "a"} and etag
+    with pytest.raises(ChampionChangedError):
+        write_latest(root, "m", {"version": "b"}, expected_etag=None)
+    write_latest(root, "m", {"version": "b"}, expected_etag=etag)
+    with pytest.raises(ChampionChangedError):
+        write_latest(root, "m", {"version": "c"}, expected_etag=etag)
+    assert read_latest(root, "m")[0] == {"version": "b"}
+
+
+def _objects(client, bucket: str, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = f"{o['ETag']}@{o['LastModified'].isoformat()}"
+    return out
