@@ -59,3 +59,72 @@ class TaskLog:
         captured = self._capsys.readouterr()
         self._seen += captured.out + captured.err
         return self._seen
+
+
+def linear_onnx_model(weights: Any, bias: Any) -> bytes:
+    """A real ONNX classifier ``image [N,1,28,28] → logits [N,10]`` (Flatten + Gemm), no torch."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.asarray(weights, dtype=np.float32), "W")
+    b = numpy_helper.from_array(np.asarray(bias, dtype=np.float32), "B")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["image"], ["flat"], axis=1),
+            helper.make_node("Gemm", ["flat", "W", "B"], ["logits"]),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 28, 28])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        initializer=[w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def centroid_classifier(images: Any, labels: Any) -> tuple[Any, Any]:
+    """Weights and bias of a nearest-centroid classifier (normalized pixels), as a Gemm."""
+    import numpy as np
+
+    x = ((images.astype(np.float32) / 255.0 - 0.1307) / 0.3081).reshape(len(images), -1)
+    centroids = np.stack([x[labels == c].mean(axis=0) for c in range(10)])
+    # argmin |x - c|^2 = argmax (x·c - |c|^2 / 2)
+    return centroids.T, -0.5 * (centroids**2).sum(axis=1)
+
+
+def publish_fake_model(
+    s3: Any,
+    bucket: str,
+    *,
+    version: str,
+    onnx_bytes: bytes,
+    accuracy: float,
+    dataset_hash: str,
+    dag_run_id: str,
+) -> dict[str, Any]:
+    """A run's artifacts around a real ONNX file, published through the real registry."""
+    from operators.model_registry import decide_gate, publish_model, read_latest
+    from trainer import storage
+
+    run = f"s3://{bucket}/runs/fake/{version}"
+    storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
+    history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
+    metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
+               "history": history}  # fmt: skip
+    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=s3)
+    storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
+    storage.write_text(f"{run}/onnx/parity.json", json.dumps({"passed": True}), client=s3)
+    champion, etag = read_latest(f"s3://{bucket}", "mnist_cnn", client=s3)
+    gate = decide_gate(accuracy, min_accuracy=0.0, champion=champion, max_regression=1.0,
+                       challenger_dataset_hash=dataset_hash, champion_rescored_accuracy=0.0,
+                       champion_etag=etag).as_dict()  # fmt: skip
+    return publish_model(
+        bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run,
+        onnx_uri=f"{run}/onnx/model.onnx", parity_uri=f"{run}/onnx/parity.json",
+        dataset={"uri": f"s3://{bucket}/datasets/mnist/{dataset_hash[:16]}",
+                 "content_hash": dataset_hash},
+        gate=gate, dag_run_id=dag_run_id, version=version, client=s3,
+    )  # fmt: skip
