@@ -38,6 +38,7 @@ from bench.report import (
 GROUPS = (
     ("convolution backward", ("convolution_backward", "ConvolutionBackward")),
     ("convolution forward", ("conv2d", "convolution", "mkldnn_convolution")),
+    ("batch norm fwd+bwd", ("batch_norm", "BatchNorm")),
     ("linear layers fwd+bwd", ("addmm", "mm", "linear", "AddmmBackward", "MmBackward")),
     ("optimizer (Adam)", ("adam", "Adam", "_foreach", "lerp", "addcdiv", "addcmul", "sqrt")),
     ("gradient allreduce wait (Horovod)", ("Horovod", "horovod", "synchronize", "allreduce")),
@@ -89,14 +90,16 @@ def training_flops(model: Any, input_shape: tuple[int, ...]) -> dict[str, float]
     return flops
 
 
-def matmul_gflops(n: int, repeats: int) -> float:
-    """fp32 GFLOP/s of an n×n matrix multiply on this rank's threads (the trainer's policy, set
-    by ``trainer.train.setup_runtime``): its practical peak."""
+def matmul_gflops(n: int, repeats: int, precision: str = "fp32") -> float:
+    """GFLOP/s of an n×n matrix multiply in the step's precision (``fp32`` or ``bf16``) on this
+    rank's threads (the trainer's policy, set by ``trainer.train.setup_runtime``): its practical
+    peak. A bf16 step is held to a bf16 peak, so no layer can beat "the peak"."""
     import time
 
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b  # warm-up
     start = time.perf_counter()
     for _ in range(repeats):
@@ -136,7 +139,7 @@ def run_rank(args: argparse.Namespace) -> None:
     peak, matmul_n = None, 512 if args.steps < 5 else 2048  # small for the smoke test
     if device.type == "cpu":  # the FLOP bound below is a CPU analysis (a GPU: see its profile)
         hvd.barrier()  # every rank multiplies at once: the peak under the same sharing of cores
-        peak = matmul_gflops(matmul_n, 5)
+        peak = matmul_gflops(matmul_n, 5, rt.precision)
     if not rt.is_primary:
         return
     from trainer.model import INPUT_SHAPE, build_model
@@ -223,7 +226,7 @@ def bound_table(summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
     rows = [
         ["FLOPs of one training sample (convolutions, linear; fwd + bwd)",
          f"{per_sample / 1e6:.1f} MFLOP ({conv:.1f} + {flops['linear'] / 1e6:.1f})"],
-        ["fp32 matrix multiply, every rank at once (the practical peak)",
+        [f"{summary['precision']} matrix multiply, every rank at once (the practical peak)",
          f"{peak:.1f} GFLOP/s per rank"],
         ["convolution forward, achieved", of_peak(conv_fwd)],
         ["convolution backward, achieved", of_peak(conv_bwd)],
@@ -235,7 +238,7 @@ def bound_table(summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
     note = (
         "Achieved rate = the layers' FLOPs over their self CPU time in the profile; the peak is "
         f"measured after the profile with every rank multiplying {summary['matmul_n']}×"
-        f"{summary['matmul_n']} fp32 matrices on its threads at the same time. The epoch floor "
+        f"{summary['matmul_n']} {summary['precision']} matrices on its threads at the same time. The epoch floor "
         "counts only convolution and linear FLOPs — the memory-bound rest of the step would "
         "come on top."
     )
