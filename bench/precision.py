@@ -83,6 +83,7 @@ def run_rank(args: argparse.Namespace) -> None:
 
     if rt.is_primary:
         summary = {
+            "model": config.model,
             "world_size": rt.size,
             "device": rt.device,
             "threads_per_rank": rt.threads,
@@ -129,6 +130,7 @@ def render(data: dict[str, Any]) -> str:
         " (quick)" if data["quick"] else ""
     )
     notes = (
+        f"Model {run.get('model', 'mnist_cnn')}, "
         f"{run['world_size']} ranks on {run['device']}, {run['threads_per_rank']} thread(s) per "
         f"rank, batch {run['batch_per_rank']} per rank, {run['steps_per_repeat']} steps a "
         f"repeat; samples/s over all ranks, median (min–max) of {data['repeats']} repeats in "
