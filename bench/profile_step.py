@@ -238,9 +238,9 @@ def bound_table(summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
     note = (
         "Achieved rate = the layers' FLOPs over their self CPU time in the profile; the peak is "
         f"measured after the profile with every rank multiplying {summary['matmul_n']}×"
-        f"{summary['matmul_n']} {summary['precision']} matrices on its threads at the same time. The epoch floor "
-        "counts only convolution and linear FLOPs — the memory-bound rest of the step would "
-        "come on top."
+        f"{summary['matmul_n']} {summary['precision']} matrices on its threads at the same "
+        "time. The epoch floor counts only convolution and linear FLOPs — the memory-bound "
+        "rest of the step would come on top."
     )
     return md_table(["what bounds a step", "value"], rows) + "\n\n" + note, numbers
 
