@@ -72,7 +72,9 @@ class HorovodJobOperatorBase(BaseOperator):
     :param image: container image, required by the docker and kubernetes launchers (templated).
     :param gpus_per_proc: GPUs per rank (0 = CPU).
     :param timeout: seconds before the job is stopped (``HorovodTimeoutError``); None: no limit.
-    :param preflight: check slots/GPUs and run the trainer's doctor before launching.
+    :param preflight: check slots/GPUs and run the trainer's doctor before launching (the
+        local launcher remembers a doctor pass per interpreter and installed torch/horovod:
+        ``HVA_PREFLIGHT_CACHE``).
     :param docker_conn_id / docker_url: the Docker engine (``docker_url`` defaults to
         ``$DOCKER_HOST`` or the local socket); ``docker_conn_id`` is for registry login.
     :param mounts: docker bind mounts: ``"host:container[:ro]"`` strings or ``docker.types.Mount``.

@@ -34,6 +34,8 @@ os.environ.setdefault(
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+# Remembered doctor passes of the local launcher: the suite's own, never the user's.
+os.environ["HVA_PREFLIGHT_CACHE"] = str(_AIRFLOW_HOME / "preflight-cache")
 # Ranks and helper processes must find the venv's horovodrun and python first.
 os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 # The repo root on the path of every process a test starts (python -m trainer ...).

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -41,6 +43,27 @@ from operators.exceptions import (
 from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
 
 DEFAULT_KILL_GRACE_S = 15.0
+
+#: Folder of remembered doctor passes (``off`` or empty: always run the doctor).
+PREFLIGHT_CACHE_VAR = "HVA_PREFLIGHT_CACHE"
+DEFAULT_PREFLIGHT_CACHE = Path.home() / ".cache" / "horovod-airflow" / "preflight"
+#: Variables that change what the doctor would find (devices, Horovod's own settings).
+_PREFLIGHT_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+# What the doctor's interpreter would import, without importing torch: its real path, the
+# installed versions of torch and horovod, and their package files' sizes and mtimes (a
+# rebuilt or reinstalled wheel changes them). ~50 ms instead of the doctor's seconds.
+_FINGERPRINT_SCRIPT = """
+import importlib.metadata as m, importlib.util as u, json, os, sys
+out = {"python": os.path.realpath(sys.executable), "version": sys.version}
+for name in ("torch", "horovod"):
+    try:
+        spec = u.find_spec(name)
+        st = os.stat(spec.origin)
+        out[name] = [m.version(name), spec.origin, st.st_size, st.st_mtime_ns]
+    except Exception as e:
+        out[name] = repr(e)
+print(json.dumps(out, sort_keys=True))
+"""
 
 
 def check_slots(
@@ -143,13 +166,24 @@ class LocalLauncher(Launcher):
                 gpu_count=visible_gpu_count() if spec.gpus_per_proc else None,
             )
         if spec.preflight_argv:
+            env = self._environ(spec)
+            cached = self._preflight_cache_file(spec.preflight_argv, env)
+            if cached is not None and cached.is_file():
+                log.info(
+                    "preflight: %s passed before with this interpreter, torch and horovod "
+                    "(%s); not run again. Delete that file, or set %s=off, to re-run it.",
+                    shlex.join(spec.preflight_argv),
+                    cached,
+                    PREFLIGHT_CACHE_VAR,
+                )
+                return
             log.info("preflight: %s", shlex.join(spec.preflight_argv))
             try:
                 done = subprocess.run(
                     list(spec.preflight_argv),
                     capture_output=True,
                     text=True,
-                    env=self._environ(spec),
+                    env=env,
                     timeout=300,
                     cwd=self.cwd,
                 )
@@ -168,6 +202,46 @@ class LocalLauncher(Launcher):
                     f"the job cannot start here",
                     log_tail=lines[-100:],
                 )
+            if cached is not None:
+                with contextlib.suppress(OSError):  # a cache that cannot be written: run again
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+                    tmp.write_text("\n".join(lines) + "\n")
+                    os.replace(tmp, cached)
+
+    def _preflight_cache_file(self, argv: Sequence[str], env: dict[str, str]) -> Path | None:
+        """Where a pass of this doctor command in this environment is remembered, or None.
+
+        Keyed by the command, the interpreter's fingerprint (``_FINGERPRINT_SCRIPT``), the
+        device variables, the hostname and the working directory: any change runs the doctor
+        again. None (always run it) when the cache is off or the fingerprint cannot be taken.
+        """
+        folder = os.environ.get(PREFLIGHT_CACHE_VAR, str(DEFAULT_PREFLIGHT_CACHE))
+        if folder.strip().lower() in ("", "off", "0", "false", "no"):
+            return None
+        try:
+            done = subprocess.run(
+                [str(argv[0]), "-c", _FINGERPRINT_SCRIPT],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+                cwd=self.cwd,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0 or not done.stdout.strip().startswith("{"):
+            return None
+        key = {
+            "argv": list(map(str, argv)),
+            "fingerprint": done.stdout.strip(),
+            "env": {k: env.get(k) for k in _PREFLIGHT_ENV_KEYS},
+            "horovod_env": sorted((k, v) for k, v in env.items() if k.startswith("HOROVOD_")),
+            "host": os.uname().nodename,
+            "cwd": self.cwd or os.getcwd(),
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+        return Path(folder) / f"{digest}.pass"
 
     # --- run --------------------------------------------------------------------------
     def _environ(self, spec: JobSpec) -> dict[str, str]:
