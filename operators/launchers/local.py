@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -43,6 +44,11 @@ from operators.exceptions import (
 from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
 
 DEFAULT_KILL_GRACE_S = 15.0
+#: Set in the environment of every job process (not a secret): the clean-up finds by it the
+#: processes that left the job's process tree (reparented when horovodrun died abruptly).
+JOB_MARKER_VAR = "HVA_LOCAL_JOB"
+#: Seconds to wait for the rest of the output once horovodrun has exited.
+OUTPUT_GRACE_S = 5.0
 
 #: Folder of remembered doctor passes (``off`` or empty: always run the doctor).
 PREFLIGHT_CACHE_VAR = "HVA_PREFLIGHT_CACHE"
@@ -154,6 +160,7 @@ class LocalLauncher(Launcher):
         self._killed = False
         self._timed_out = False
         self._known: dict[int, psutil.Process] = {}
+        self._marker = ""
 
     # --- preflight --------------------------------------------------------------------
     def preflight(self, spec: JobSpec, log: Any) -> None:
@@ -270,6 +277,8 @@ class LocalLauncher(Launcher):
         else:
             env.update(spec.secret_env)  # one process: its environment is private to it
 
+        self._marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+        env[JOB_MARKER_VAR] = self._marker
         out = LogTail(log, secrets=list(spec.secret_env.values()))
         timer: threading.Timer | None = None
         try:
@@ -299,9 +308,21 @@ class LocalLauncher(Launcher):
                 timer.daemon = True
                 timer.start()
             assert proc.stdout is not None
-            for line in proc.stdout:
-                out(line)
+            stream = proc.stdout
+
+            def pump() -> None:
+                for line in stream:
+                    out(line)
+
+            reader = threading.Thread(target=pump, name=f"{spec.name}-output", daemon=True)
+            reader.start()
             exit_code = proc.wait()
+            # Processes that outlived horovodrun may hold the pipe open: after a short grace
+            # for the last lines, kill them so that the output reaches its end.
+            reader.join(OUTPUT_GRACE_S)
+            if reader.is_alive():
+                self._reap_leftovers()
+                reader.join(OUTPUT_GRACE_S)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -380,9 +401,26 @@ class LocalLauncher(Launcher):
             os.killpg(proc.pid, signal.SIGKILL)
         self._reap_leftovers()
 
+    def _marked(self) -> list[psutil.Process]:
+        """Live processes on this host whose environment carries this job's marker."""
+        if not self._marker:
+            return []
+        found = []
+        for p in psutil.process_iter():
+            if p.pid == os.getpid():
+                continue
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get(JOB_MARKER_VAR) == self._marker:
+                    found.append(p)
+        return found
+
     def _reap_leftovers(self) -> None:
-        """SIGKILL any process of this job that outlived horovodrun (rank middlemen setsid)."""
+        """SIGKILL any process of this job that outlived horovodrun: its descendants (rank
+        middlemen ``setsid``) and, found by the job's environment marker, processes that were
+        reparented away from the tree when horovodrun itself died."""
         self._remember_descendants()
+        for p in self._marked():
+            self._known.setdefault(p.pid, p)
         for p in self._alive():
             with contextlib.suppress(psutil.Error):
                 p.kill()

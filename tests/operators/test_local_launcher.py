@@ -195,3 +195,73 @@ def test_sigkilled_task_process_leaves_no_ranks(s3_server, tmp_path):
     task.send_signal(signal.SIGKILL)
     task.wait(10)
     _wait_for(lambda: _job_processes(output) == [], 60, "horovodrun and its ranks to exit")
+
+
+@pytest.mark.slow
+def test_horovodrun_killed_leaves_no_ranks(s3_server, task_log):
+    """horovodrun itself SIGKILLed: the ranks it started in their own sessions are found
+    (by the job's marker in their environment) and killed; the task fails naming the exit."""
+    import signal
+
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    output = f"s3://{bucket}/runs/horovodrun-dies"
+    op = make_op(data, output, trainer_args={"sleep": 120}, kill_grace_s=5)
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            op.execute(context())
+        except BaseException as e:
+            outcome["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    _wait_for(lambda: task_log.text.count("sleeping 120") >= 2, 120, "both ranks to sleep")
+    import os
+
+    # The launcher's own child: horovodrun (the others are its rank middlemen and ranks).
+    (horovodrun,) = [p for p in _job_processes(output) if p.ppid() == os.getpid()]
+    assert "horovodrun" in " ".join(horovodrun.cmdline())
+    horovodrun.send_signal(signal.SIGKILL)
+    worker.join(60)
+    assert not worker.is_alive(), "the launcher still waits on the orphaned ranks"
+    assert isinstance(outcome.get("error"), HorovodTrainingError), outcome
+    assert "-9" in str(outcome["error"]) or "SIGKILL" in str(outcome["error"]), outcome["error"]
+    leftovers = _job_processes(output)
+    assert leftovers == [], [p.cmdline() for p in leftovers]
+
+
+def test_processes_reparented_away_from_a_dead_launch_are_killed(tmp_path):
+    """A process that left the job's tree (its own session, its parent SIGKILLed, so it was
+    reparented) is still found, by the job's environment marker, and killed; the launcher
+    does not wait for it although it holds the output pipe."""
+    import logging
+
+    from operators.launchers.base import JobSpec
+    from operators.launchers.local import LocalLauncher
+
+    pid_file = tmp_path / "orphan.pid"
+    script = tmp_path / "launch.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"setsid sleep 300 & echo $! > {pid_file}\n"
+        "echo 'started the orphan'\n"
+        "sleep 0.5; kill -9 $$\n"
+    )
+    script.chmod(0o755)
+    spec = JobSpec(name="orphan", argv=[str(script)], num_proc=1, distributed=False)
+    started = time.monotonic()
+    with pytest.raises(HorovodTrainingError) as err:
+        LocalLauncher(kill_grace_s=2).run(spec, logging.getLogger("test"))
+    assert time.monotonic() - started < 60  # not the orphan's 300 s
+    assert "started the orphan" in err.value.log_tail
+    orphan = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    _wait_for(gone, 10, "the orphan to die")
