@@ -168,7 +168,11 @@ class DockerLauncher(Launcher):
                 f"docker engine error for {spec.name!r}: {e}", log_tail=out.tail()
             ) from e
         finally:
-            self._remove(success=exit_code == 0 and not self._stopped)
+            self._remove(
+                success=exit_code == 0 and not self._stopped,
+                holds_secrets=bool(spec.secret_env),
+                log=log,
+            )
         if self._stopped:
             raise HorovodTrainingError(
                 f"container {spec.name!r} was stopped (on_kill)",
@@ -202,13 +206,32 @@ class DockerLauncher(Launcher):
         with contextlib.suppress(NotFound):  # already gone: nothing to stop
             self.client.stop(cid, timeout=10)
 
-    def _remove(self, success: bool) -> None:
+    def _remove(self, success: bool, holds_secrets: bool = False, log: Any = None) -> None:
+        """Remove the container as ``cleanup`` says, except that one whose environment holds
+        credentials never outlives the job: its output is already in the task log, and its
+        final state is logged before it goes."""
         cid = self._container_id
-        if cid is None or self.cleanup == "keep":
+        if cid is None:
             return
-        if self.cleanup == "delete_on_success" and not success:
+        keep = self.cleanup == "keep" or (self.cleanup == "delete_on_success" and not success)
+        if keep and not holds_secrets:
             return  # kept for inspection: ``docker logs`` / ``docker inspect``
-        from docker.errors import NotFound
+        from docker.errors import DockerException, NotFound
+
+        if keep and log is not None:
+            state: Any = "unknown"
+            with contextlib.suppress(DockerException, AttributeError, KeyError, TypeError):
+                st = self.client.inspect_container(cid)["State"]
+                state = {k: st.get(k) for k in ("Status", "ExitCode", "OOMKilled", "Error")}
+            log.warning(
+                "removing container %s (%s) despite cleanup=%r: its environment holds "
+                "credentials, which must not outlive the job. Its output is in this log; its "
+                "final state: %s",
+                self.image,
+                cid[:12],
+                self.cleanup,
+                state,
+            )
 
         with contextlib.suppress(NotFound):  # already removed
             self.client.remove_container(cid, force=True)

@@ -211,6 +211,16 @@ class KubernetesLauncher(Launcher):
                 group=GROUP, version=VERSION, plural=PLURAL, body=body, namespace=ns
             )
         except Exception as e:
+            if spec.secret_env:  # a Secret without its job would hold credentials forever
+                try:
+                    self.delete_secret({"name": spec.name, "namespace": ns})
+                except Exception as cleanup_error:
+                    log.warning(
+                        "could not delete Secret %s/%s after the failed create: %s",
+                        ns,
+                        secret_name(spec.name),
+                        cleanup_error,
+                    )
             raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
         self._ref = {"name": spec.name, "namespace": ns}
         uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
@@ -303,6 +313,13 @@ class KubernetesLauncher(Launcher):
         success = status == "success"
         if self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
             self.delete(ref)
+        else:
+            # The job is kept for inspection, but its credentials never outlive it: the pods
+            # have finished and the launcher's log is in the task log already.
+            try:
+                self.delete_secret(ref)
+            except Exception as e:
+                log.warning("could not delete Secret of %s: %s", ref["name"], e)
         if success:
             return JobResult(exit_code=0, log_tail=out.tail())
         if status == "timeout":
@@ -337,12 +354,18 @@ class KubernetesLauncher(Launcher):
         except ApiException as e:
             if not absent(e):
                 raise
+        self.delete_secret(ref)
+
+    def delete_secret(self, ref: Mapping[str, str]) -> None:
+        """Delete the job's credential Secret; an absent one is fine."""
+        from kubernetes.client.exceptions import ApiException
+
         try:
             self.hook.core_v1_client.delete_namespaced_secret(
                 name=secret_name(ref["name"]), namespace=ref["namespace"]
             )
         except ApiException as e:
-            if not absent(e):  # 404: none was created, or garbage-collected with the job
+            if e.status != 404:  # 404: none was created, or garbage-collected with the job
                 raise
 
     def kill(self) -> None:

@@ -163,18 +163,24 @@ def test_lines_split_across_chunks_and_secrets_redacted():
 
 
 @pytest.mark.parametrize(
-    ("cleanup", "status", "removed"),
+    ("cleanup", "status", "secrets", "removed"),
     [
-        ("delete", 3, True),
-        ("delete_on_success", 3, False),
-        ("delete_on_success", 0, True),
-        ("keep", 0, False),
+        ("delete", 3, False, True),
+        ("delete_on_success", 3, False, False),
+        ("delete_on_success", 0, False, True),
+        ("keep", 0, False, False),
+        # A container whose environment holds credentials never outlives the job.
+        ("delete_on_success", 3, True, True),
+        ("keep", 0, True, True),
+        ("keep", 3, True, True),
     ],
 )
-def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, removed):
+def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, secrets, removed):
     chunks = [b"[1]<stderr>:CUDA error: out of memory\n", b"Process name: 1\nExit code: 3\n"]
     client = FakeDockerClient(chunks, {"StatusCode": status})
-    run = lambda: launcher(client, cleanup=cleanup).run(spec(), LineLog())  # noqa: E731
+    job = spec() if secrets else spec(secret_env={})
+    task_log = LineLog()
+    run = lambda: launcher(client, cleanup=cleanup).run(job, task_log)  # noqa: E731
     if status:
         with pytest.raises(HorovodTrainingError, match="rank 1 failed first") as err:
             run()
@@ -183,6 +189,8 @@ def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, removed):
     else:
         run()
     assert (("remove", True) in client.calls) is removed
+    if secrets and cleanup != "delete" and (cleanup == "keep" or status):
+        assert any("holds credentials" in line for line in task_log.lines), task_log.lines
 
 
 def test_timeout_stops_the_container():

@@ -213,6 +213,25 @@ def test_failure_raises_with_launcher_log_and_keeps_the_job():
     assert "[2]<stderr>:RuntimeError: NCCL error" in err.value.log_tail
     assert "rank 2 failed first" in str(err.value)
     assert hook.deleted == []  # delete_on_success keeps a failed job for inspection
+    # ... but not its credentials: the Secret goes when the job has ended.
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+    assert hook.core_v1_client.secrets == {}
+
+
+def test_a_failed_create_leaves_no_secret_behind():
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([RUNNING])
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ApiException(status=422, reason="Unprocessable Entity: bad MPIJob")
+
+    hook.create_custom_object = refuse  # type: ignore[method-assign]
+    with pytest.raises(HorovodLaunchError, match="cannot create MPIJob 'hvd-train-1234'"):
+        launcher(hook).submit(spec(), LineLog())
+    assert SECRET in hook.core_v1_client.created_secret_text  # it was created first ...
+    assert hook.core_v1_client.secrets == {}  # ... and deleted with the failed create
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
 
 
 def test_timeout_raises_and_delete_policy_removes():
