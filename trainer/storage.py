@@ -16,6 +16,7 @@ tasks (Airflow workers) share it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -30,6 +31,49 @@ CHUNK = 1 << 20
 
 class StorageError(RuntimeError):
     """A URI could not be read or written."""
+
+
+_MISSING_CODES = ("404", "NoSuchKey", "NotFound")
+
+
+def _code(e: Exception) -> str | None:
+    response = getattr(e, "response", None)
+    return str(response.get("Error", {}).get("Code")) if isinstance(response, dict) else None
+
+
+def endpoint_of(client: Any) -> str:
+    """The endpoint an S3 client talks to (``AWS`` when it is the default one)."""
+    url = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    return str(url) if url else "AWS S3"
+
+
+@contextlib.contextmanager
+def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
+    """Turn what botocore/boto3 raise into one :class:`StorageError` naming the operation,
+    the URI and the endpoint: ``S3 GetObject of s3://b/k at http://minio:9000 failed: ...``.
+
+    Covers the server's answers (access denied, no such bucket: ``ClientError``) and not
+    reaching it at all (``EndpointConnectionError``, timeouts: ``BotoCoreError``). Credentials
+    are never part of the message: botocore does not put them in its errors.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as e:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f"S3 {operation} of {uri} at {endpoint_of(client)}"
+        if isinstance(e, ClientError):
+            error = e.response.get("Error", {})
+            code = str(error.get("Code", "?"))
+            if code in _MISSING_CODES:
+                raise StorageError(f"{uri} does not exist ({where}: {code})") from e
+            raise StorageError(f"{where} failed: {code}: {error.get('Message') or e}") from e
+        if isinstance(e, (BotoCoreError, Boto3Error)):
+            raise StorageError(f"{where} failed: {type(e).__name__}: {e}") from e
+        raise
 
 
 @dataclass(frozen=True)
@@ -92,30 +136,27 @@ def exists(uri: str, *, client: Any | None = None) -> bool:
     loc = parse(uri)
     if not loc.is_s3:
         return os.path.exists(loc.key)
-    from botocore.exceptions import ClientError
-
+    c = _client(client)
     try:
-        _client(client).head_object(Bucket=loc.bucket, Key=loc.key)
+        with s3_errors("HeadObject", uri, c):
+            c.head_object(Bucket=loc.bucket, Key=loc.key)
         return True
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+    except StorageError as e:
+        if isinstance(e.__cause__, Exception) and _code(e.__cause__) in _MISSING_CODES:
             return False
-        raise StorageError(f"cannot check {uri}: {e}") from e
+        raise
 
 
 def read_bytes(uri: str, *, client: Any | None = None) -> bytes:
     loc = parse(uri)
-    try:
-        if not loc.is_s3:
+    if not loc.is_s3:
+        try:
             return Path(loc.key).read_bytes()
-        body = _client(client).get_object(Bucket=loc.bucket, Key=loc.key)["Body"]
-        return bytes(body.read())
-    except FileNotFoundError as e:
-        raise StorageError(f"{uri} does not exist") from e
-    except Exception as e:
-        if type(e).__name__ in ("NoSuchKey", "ClientError"):
-            raise StorageError(f"cannot read {uri}: {e}") from e
-        raise
+        except FileNotFoundError as e:
+            raise StorageError(f"{uri} does not exist") from e
+    c = _client(client)
+    with s3_errors("GetObject", uri, c):
+        return bytes(c.get_object(Bucket=loc.bucket, Key=loc.key)["Body"].read())
 
 
 def read_text(uri: str, *, client: Any | None = None) -> str:
@@ -150,7 +191,9 @@ def write_bytes(uri: str, data: bytes, *, client: Any | None = None) -> str:
     """Write ``data`` at ``uri`` atomically; return the URI."""
     loc = parse(uri)
     if loc.is_s3:
-        _client(client).put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
+        c = _client(client)
+        with s3_errors("PutObject", uri, c):
+            c.put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
         return uri
     path = Path(loc.key)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +218,9 @@ def upload_file(local_path: str | os.PathLike[str], uri: str, *, client: Any | N
     """Copy a local file to ``uri`` (S3 multipart for large files; atomic rename locally)."""
     loc = parse(uri)
     if loc.is_s3:
-        _client(client).upload_file(str(local_path), loc.bucket, loc.key)
+        c = _client(client)
+        with s3_errors("upload (PutObject)", uri, c):
+            c.upload_file(str(local_path), loc.bucket, loc.key)
         return uri
     dest = Path(loc.key)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -201,17 +246,17 @@ def download_file(
     loc = parse(uri)
     try:
         if loc.is_s3:
-            _client(client).download_file(loc.bucket, loc.key, tmp)
+            c = _client(client)
+            with s3_errors("download (GetObject)", uri, c):
+                c.download_file(loc.bucket, loc.key, tmp)
         else:
             shutil.copyfile(loc.key, tmp)
         os.replace(tmp, dest)
     except FileNotFoundError as e:
         Path(tmp).unlink(missing_ok=True)
         raise StorageError(f"{uri} does not exist") from e
-    except BaseException as e:
+    except BaseException:
         Path(tmp).unlink(missing_ok=True)
-        if type(e).__name__ == "ClientError":
-            raise StorageError(f"cannot download {uri}: {e}") from e
         raise
     return dest
 
@@ -220,7 +265,9 @@ def copy(src_uri: str, dest_uri: str, *, client: Any | None = None) -> str:
     """Copy one object; server-side when both ends are in S3."""
     src, dest = parse(src_uri), parse(dest_uri)
     if src.is_s3 and dest.is_s3:
-        _client(client).copy({"Bucket": src.bucket, "Key": src.key}, dest.bucket, dest.key)
+        c = _client(client)
+        with s3_errors(f"CopyObject from {src_uri}", dest_uri, c):
+            c.copy({"Bucket": src.bucket, "Key": src.key}, dest.bucket, dest.key)
         return dest_uri
     if not src.is_s3:
         return upload_file(src.key, dest_uri, client=client)
@@ -238,8 +285,10 @@ def list_uris(prefix_uri: str, *, client: Any | None = None) -> Iterator[str]:
                     yield str(p)
         return
     prefix = loc.key + "/" if loc.key else ""
-    paginator = _client(client).get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=loc.bucket, Prefix=prefix):
+    c = _client(client)
+    with s3_errors("ListObjectsV2", prefix_uri, c):
+        pages = list(c.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix))
+    for page in pages:
         for obj in page.get("Contents", []):
             yield f"s3://{loc.bucket}/{obj['Key']}"
 
@@ -253,15 +302,20 @@ def ensure_bucket(uri: str, *, client: Any | None = None) -> bool:
 
     c = _client(client)
     try:
-        c.head_bucket(Bucket=loc.bucket)
+        with s3_errors("HeadBucket", uri, c):
+            c.head_bucket(Bucket=loc.bucket)
         return False
-    except ClientError:
-        pass
+    except StorageError as e:
+        if not isinstance(e.__cause__, ClientError):  # unreachable, not "no such bucket"
+            raise
     region = c.meta.region_name
-    if region and region != "us-east-1":
-        c.create_bucket(Bucket=loc.bucket, CreateBucketConfiguration={"LocationConstraint": region})
-    else:
-        c.create_bucket(Bucket=loc.bucket)
+    with s3_errors("CreateBucket", uri, c):
+        if region and region != "us-east-1":
+            c.create_bucket(
+                Bucket=loc.bucket, CreateBucketConfiguration={"LocationConstraint": region}
+            )
+        else:
+            c.create_bucket(Bucket=loc.bucket)
     return True
 
 

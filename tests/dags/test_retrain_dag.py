@@ -225,3 +225,51 @@ def test_colliding_run_ids_get_distinct_run_prefixes():
     assert len(set(prefixes)) == len(ids), prefixes
     assert all(p.startswith("s3://prefix-check/runs/mnist_horovod_retrain/") for p in prefixes)
     assert prefixes[0].endswith("/manual__2026-12-02T10_00_00_00_00-" + prefixes[0][-12:])
+
+
+def test_an_unreachable_s3_fails_naming_endpoint_and_operation_and_leaks_no_secret(
+    s3_server, airflow_db, monkeypatch, capfd
+):
+    """aws_default points at a port nobody listens on: the first task that touches S3 fails
+    with the endpoint and the S3 operation in its error, and the secret appears in no log
+    file, task output, XCom or rendered field."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.models.xcom import XComModel
+    from airflow.sdk import DagRunState
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    conn = json.loads(s3_server.airflow_conn_uri_json())
+    conn["extra"] = {**conn["extra"], "endpoint_url": dead,
+                     "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"},
+                                       "connect_timeout": 2}}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    dag = _load_dag("unreachable-bucket").retrain_dag
+    dag.get_task("stage_dataset").retries = 0  # one try is enough to read its error
+
+    run = dag.test(run_conf=SMALL_RUN)
+    states = _states(run)
+    assert run.state == DagRunState.FAILED, states
+    assert states["stage_dataset"] == "failed", states
+    output = capfd.readouterr()
+    text = output.out + output.err
+    assert f"S3 HeadBucket of s3://unreachable-bucket at {dead} failed" in text, text[-3000:]
+    assert "EndpointConnectionError" in text
+    assert secret not in text
+    home = Path(os.environ["AIRFLOW_HOME"])
+    for path in home.rglob("*.log"):
+        assert secret not in path.read_text(errors="replace"), path
+    with create_session() as session:
+        xcoms = session.scalars(select(XComModel).where(XComModel.run_id == run.run_id)).all()
+        rendered = session.scalars(
+            select(RenderedTaskInstanceFields).where(
+                RenderedTaskInstanceFields.run_id == run.run_id
+            )
+        ).all()
+        assert secret not in json.dumps([x.value for x in xcoms], default=str)
+        assert secret not in json.dumps([r.rendered_fields for r in rendered], default=str)

@@ -47,3 +47,60 @@ def test_failed_download_leaves_no_temporary_file(tmp_path: Path) -> None:
     with pytest.raises(storage.StorageError, match="does not exist"):
         storage.download_file(str(tmp_path / "missing.bin"), dest)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def _unreachable_client() -> object:
+    import boto3
+    from botocore.config import Config
+
+    from tests.conftest import free_port
+
+    return boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        aws_access_key_id="AKIAEXAMPLE",
+        aws_secret_access_key="never-in-a-message",
+        region_name="us-east-1",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=2),
+    )
+
+
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        ("GetObject", lambda c: storage.read_bytes("s3://b/k", client=c)),
+        ("PutObject", lambda c: storage.write_bytes("s3://b/k", b"x", client=c)),
+        ("HeadObject", lambda c: storage.exists("s3://b/k", client=c)),
+        ("ListObjectsV2", lambda c: list(storage.list_uris("s3://b/p", client=c))),
+        ("HeadBucket", lambda c: storage.ensure_bucket("s3://b", client=c)),
+    ],
+)
+def test_an_unreachable_endpoint_is_named_with_the_operation(operation, call) -> None:
+    client = _unreachable_client()
+    endpoint = client.meta.endpoint_url
+    with pytest.raises(storage.StorageError) as err:
+        call(client)
+    message = str(err.value)
+    assert f"S3 {operation} of s3://b" in message and f"at {endpoint} failed" in message
+    assert "EndpointConnectionError" in message
+    assert "never-in-a-message" not in message
+
+
+def test_download_from_an_unreachable_endpoint_names_it(tmp_path: Path) -> None:
+    client = _unreachable_client()
+    with pytest.raises(storage.StorageError, match=r"S3 download \(GetObject\) of s3://b/k at"):
+        storage.download_file("s3://b/k", tmp_path / "k", client=client)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_servers_refusal_is_named_with_its_code(s3_server) -> None:
+    client = s3_server.client()
+    with pytest.raises(storage.StorageError) as err:
+        storage.write_bytes("s3://no-such-bucket-here/k", b"x", client=client)
+    message = str(err.value)
+    assert f"S3 PutObject of s3://no-such-bucket-here/k at {s3_server.endpoint} failed" in message
+    assert "NoSuchBucket" in message
+    bucket = s3_server.new_bucket("missing-key")
+    with pytest.raises(storage.StorageError, match="does not exist"):
+        storage.read_bytes(f"s3://{bucket}/absent", client=client)
+    assert storage.exists(f"s3://{bucket}/absent", client=client) is False
