@@ -106,11 +106,9 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def test_on_kill_leaves_no_process_and_no_secret_on_any_command_line(s3_server, task_log):
-    bucket = s3_server.new_bucket()
-    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
-    output = f"s3://{bucket}/runs/killed"
-    op = make_op(data, output, trainer_args={"sleep": 120}, kill_grace_s=5)
+def _execute_in_thread(op: HorovodTrainOperator) -> tuple[threading.Thread, dict]:
+    """Run ``op.execute`` in a thread (as Airflow's task runner would, leaving this thread
+    free to watch and kill); the exception it raised ends up in ``outcome["error"]``."""
     outcome: dict[str, BaseException] = {}
 
     def run() -> None:
@@ -121,6 +119,15 @@ def test_on_kill_leaves_no_process_and_no_secret_on_any_command_line(s3_server, 
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
+    return worker, outcome
+
+
+def test_on_kill_leaves_no_process_and_no_secret_on_any_command_line(s3_server, task_log):
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    output = f"s3://{bucket}/runs/killed"
+    op = make_op(data, output, trainer_args={"sleep": 120}, kill_grace_s=5)
+    worker, outcome = _execute_in_thread(op)
     _wait_for(lambda: task_log.text.count("sleeping 120") >= 2, 120, "both ranks to sleep")
 
     procs = _job_processes(output)
@@ -207,16 +214,7 @@ def test_horovodrun_killed_leaves_no_ranks(s3_server, task_log):
     data, _ = put_eval_set(s3_server.client(), bucket, "eval")
     output = f"s3://{bucket}/runs/horovodrun-dies"
     op = make_op(data, output, trainer_args={"sleep": 120}, kill_grace_s=5)
-    outcome: dict[str, BaseException] = {}
-
-    def run() -> None:
-        try:
-            op.execute(context())
-        except BaseException as e:
-            outcome["error"] = e
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    worker, outcome = _execute_in_thread(op)
     _wait_for(lambda: task_log.text.count("sleeping 120") >= 2, 120, "both ranks to sleep")
     import os
 
