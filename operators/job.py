@@ -85,6 +85,8 @@ class HorovodJobOperatorBase(BaseOperator):
     :param deferrable: kubernetes only: free the worker slot while the MPIJob runs.
     :param poll_interval: seconds between MPIJob status checks.
     :param cleanup: MPIJob/container policy: ``"delete"``, ``"keep"`` or ``"delete_on_success"``.
+    :param force_pull: docker only: pull ``image`` before every job; by default it is pulled
+        only when the engine does not have it (with the registry login of ``docker_conn_id``).
     """
 
     template_fields: Sequence[str] = ("env", "image")
@@ -116,6 +118,7 @@ class HorovodJobOperatorBase(BaseOperator):
         deferrable: bool = False,
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
+        force_pull: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -158,6 +161,7 @@ class HorovodJobOperatorBase(BaseOperator):
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.cleanup = cleanup
+        self.force_pull = bool(force_pull)
         self._running: Launcher | None = None
 
     # --- hooks (built lazily: no connection lookups while a DAG file parses) ----------
@@ -223,6 +227,7 @@ class HorovodJobOperatorBase(BaseOperator):
                 ipc_mode=self.ipc_mode,
                 network_mode=self.network_mode,
                 cleanup=self.cleanup,
+                force_pull=self.force_pull,
             )
         from operators.launchers.kubernetes import KubernetesLauncher
 

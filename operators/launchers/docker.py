@@ -33,6 +33,17 @@ def DockerHook(**kwargs: Any) -> Any:
     return _DockerHook(**kwargs)
 
 
+def split_image(image: str) -> tuple[str, str | None]:
+    """``registry:5000/team/trainer:1`` → (``registry:5000/team/trainer``, ``1``); a digest
+    (``name@sha256:…``) stays whole, with no tag."""
+    if "@" in image:
+        return image, None
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:  # no tag, or the colon was a registry port
+        return image, "latest"
+    return name, tag
+
+
 def split_mounts(mounts: Sequence[Any]) -> tuple[list[str], list[Any]]:
     """``"host:container[:ro|rw]"`` strings → binds; anything else (docker ``Mount``) → mounts."""
     binds: list[str] = []
@@ -67,6 +78,7 @@ class DockerLauncher(Launcher):
         network_mode: str | None = None,
         working_dir: str | None = None,
         cleanup: str = "delete",
+        force_pull: bool = False,
         client: Any | None = None,
     ) -> None:
         self.image = image
@@ -78,6 +90,7 @@ class DockerLauncher(Launcher):
         self.network_mode = network_mode
         self.working_dir = working_dir
         self.cleanup = cleanup
+        self.force_pull = force_pull
         self._client = client  # injectable (e.g. a docker.APIClient for a podman socket)
         self._container_id: str | None = None
         self._lock = threading.Lock()
@@ -138,6 +151,7 @@ class DockerLauncher(Launcher):
         client = self.client
         exit_code: int | None = None
         try:
+            self.ensure_image(log)  # outside the lock: on_kill must not wait for a pull
             with self._lock:
                 if self._stopped:
                     raise HorovodLaunchError("the task was killed before the container started")
@@ -186,6 +200,39 @@ class DockerLauncher(Launcher):
                 log_tail=out.tail(),
             )
         return JobResult(exit_code=0, log_tail=out.tail())
+
+    def ensure_image(self, log: Any) -> None:
+        """Pull ``image`` when the engine lacks it (or always, with ``force_pull``).
+
+        The client of ``docker_conn_id`` has logged in to its registry (``DockerHook``), so a
+        private image pulls with those credentials. A failed pull raises
+        :class:`HorovodLaunchError` naming the image and the engine's answer.
+        """
+        from docker.errors import DockerException, ImageNotFound, NotFound
+
+        client = self.client
+        if not self.force_pull:
+            try:
+                client.inspect_image(self.image)
+                return
+            except (ImageNotFound, NotFound):
+                log.info("image %s is not on the engine: pulling it", self.image)
+        repository, tag = split_image(self.image)
+        last = ""
+        try:
+            for event in client.pull(repository, tag=tag, stream=True, decode=True):
+                if not isinstance(event, dict):
+                    continue
+                if event.get("error"):
+                    raise HorovodLaunchError(f"cannot pull image {self.image!r}: {event['error']}")
+                status = str(event.get("status", ""))
+                if status and status != last and "progress" not in event:
+                    log.info("pull %s: %s", self.image, status)
+                    last = status
+            client.inspect_image(self.image)  # the pull must have produced the image
+        except DockerException as e:
+            raise HorovodLaunchError(f"cannot pull image {self.image!r}: {e}") from e
+        log.info("pulled %s", self.image)
 
     @staticmethod
     def _pump(stream: Any, out: LogTail) -> None:

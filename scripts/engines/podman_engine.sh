@@ -22,12 +22,16 @@
 #   HVA_APT_MIRROR     Debian mirror for debootstrap (default: first deb.debian.org-style
 #                      mirror in /etc/apt/sources.list*, else http://deb.debian.org/debian)
 #   HVA_PODMAN_IMAGE   runtime image repository name (localhost/hva-runtime)
+#   HVA_INSECURE_REGISTRIES  comma-separated host:port registries served over plain HTTP that
+#                      the engine may pull from (127.0.0.1:5055: the tests' local registry)
 set -euo pipefail
 
 state=${HVA_PODMAN_STATE:-/var/tmp/hva-podman}
+HVA_INSECURE_REGISTRIES=${HVA_INSECURE_REGISTRIES:-127.0.0.1:5055}
 sock="$state/podman.sock"
 pidfile="$state/service.pid"
 conf="$state/containers.conf"
+registries_conf="$state/registries.conf"
 base_image=localhost/hva-bookworm:minbase
 runtime_repo=${HVA_PODMAN_IMAGE:-localhost/hva-runtime}
 
@@ -72,7 +76,17 @@ runtime = "runc"
 EOF
 }
 
-podman_() { CONTAINERS_CONF="$conf" podman "$@"; }
+write_registries_conf() {
+  # The system's search and short-name settings, plus the plain-HTTP registries allowed here.
+  { [ -f /etc/containers/registries.conf ] && cat /etc/containers/registries.conf
+    local r
+    for r in ${HVA_INSECURE_REGISTRIES//,/ }; do
+      printf '\n[[registry]]\nlocation = "%s"\ninsecure = true\n' "$r"
+    done
+  } >"$registries_conf"
+}
+
+podman_() { CONTAINERS_CONF="$conf" CONTAINERS_REGISTRIES_CONF="$registries_conf" podman "$@"; }
 
 api_answers() {
   [ -S "$sock" ] && CONTAINERS_CONF="$conf" podman --url "unix://$sock" version >/dev/null 2>&1
@@ -89,13 +103,15 @@ cmd_start() {
   mkdir -p "$state"
   install_packages
   write_conf
+  write_registries_conf
   if service_pid >/dev/null && api_answers; then
     log "already serving unix://$sock (pid $(service_pid))"
     return 0
   fi
   rm -f "$sock"
   # --time=0: serve until stopped (the default exits after 5 s idle).
-  CONTAINERS_CONF="$conf" setsid podman system service --time=0 "unix://$sock" \
+  CONTAINERS_CONF="$conf" CONTAINERS_REGISTRIES_CONF="$registries_conf" \
+    setsid podman system service --time=0 "unix://$sock" \
     >"$state/service.log" 2>&1 </dev/null &
   echo $! >"$pidfile"
   for _ in $(seq 1 100); do
@@ -127,6 +143,7 @@ cmd_status() {
 cmd_env() {
   echo "export DOCKER_HOST=unix://$sock"
   echo "export CONTAINERS_CONF=$conf"
+  echo "export CONTAINERS_REGISTRIES_CONF=$registries_conf"
 }
 
 apt_mirror() {

@@ -7,7 +7,9 @@ reach the session's S3 server on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -227,3 +229,84 @@ def test_failing_trainer_surfaces_exit_code_and_output_tail(podman_engine, s3_se
     (kept,) = containers_named(podman_engine, "failing")
     assert kept["Labels"][JOB_LABEL].startswith("hvd-failing-")
     assert kept["State"] == "exited"
+
+
+REGISTRY = "127.0.0.1:5055"  # podman_engine.sh lets the engine pull from it over plain HTTP
+
+
+@pytest.fixture(scope="module")
+def local_registry(podman_engine: PodmanEngine, tmp_path_factory: pytest.TempPathFactory):
+    """Debian's docker-registry (the reference registry, distribution 2.8) on loopback."""
+    import shutil
+    import subprocess
+    import urllib.request
+
+    if shutil.which("docker-registry") is None:
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "docker-registry"],
+            capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            timeout=600, check=False,
+        )  # fmt: skip
+    if shutil.which("docker-registry") is None:
+        pytest.skip("docker-registry (Debian package) is not installed and apt-get failed")
+    root = tmp_path_factory.mktemp("registry")
+    (root / "config.yml").write_text(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {root / 'data'}\nhttp:\n  addr: {REGISTRY}\n"
+    )
+    with open(root / "registry.log", "w") as registry_log:
+        proc = subprocess.Popen(
+            ["docker-registry", "serve", str(root / "config.yml")],
+            stdout=subprocess.DEVNULL, stderr=registry_log,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        f"docker-registry did not serve: {(root / 'registry.log').read_text()}"
+                    )
+                time.sleep(0.2)
+        yield REGISTRY
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_an_image_missing_from_the_engine_is_pulled_from_its_registry(
+    podman_engine, local_registry, s3_server, task_log
+):
+    import subprocess
+
+    remote = f"{local_registry}/hva-runtime:{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "CONTAINERS_CONF": "/var/tmp/hva-podman/containers.conf"}
+    push = subprocess.run(
+        ["podman", "push", "--tls-verify=false", podman_engine.image, remote],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert push.returncode == 0, push.stderr
+    client = podman_engine.client()
+    from docker.errors import ImageNotFound
+
+    with pytest.raises(ImageNotFound):
+        client.inspect_image(remote)  # only the registry has it
+
+    bucket = s3_server.new_bucket("podman")
+    output = f"s3://{bucket}/runs/pulled"
+    op = docker_op(podman_engine, "s3://unused/data", output, task_id="pulled", cleanup="delete")
+    op.image = remote
+    try:
+        result = op.execute(fresh_context())
+        assert result["world_size"] == 2
+        log = task_log.text
+        assert f"image {remote} is not on the engine: pulling it" in log
+        assert f"pulled {remote}" in log
+        assert client.inspect_image(remote)["Id"]
+    finally:
+        with contextlib.suppress(Exception):
+            client.remove_image(remote)
+    assert containers_named(podman_engine, "pulled") == []

@@ -31,6 +31,11 @@ class FakeDockerClient:
         self.chunks, self.status, self.block = chunks, status, block
         self.calls: list[tuple[str, Any]] = []
         self.created: dict[str, Any] = {}
+        self.images: set[str] = {"hva/trainer:1"}  # what the engine has
+        self.pull_events: list[dict[str, Any]] = [
+            {"status": "Pulling fs layer"},
+            {"status": "Done"},
+        ]
 
     def create_host_config(self, **kwargs: Any) -> Any:
         # docker-py's real HostConfig (imported here: the repo's docker/ folder would make
@@ -38,6 +43,24 @@ class FakeDockerClient:
         from docker.types import HostConfig
 
         return HostConfig(version="1.43", **kwargs)
+
+    def inspect_image(self, image: str) -> dict[str, Any]:
+        from docker.errors import ImageNotFound
+
+        self.calls.append(("inspect_image", image))
+        if image not in self.images:
+            raise ImageNotFound(f"No such image: {image}")
+        return {"Id": "sha256:feed"}
+
+    def pull(self, repository: str, tag=None, stream=False, decode=False):
+        self.calls.append(("pull", f"{repository}:{tag}"))
+        for event in self.pull_events:
+            if "error" not in event:
+                continue
+            yield event
+            return
+        self.images = {*self.images, f"{repository}:{tag}"}
+        yield from self.pull_events
 
     def create_container(self, **kwargs: Any) -> dict[str, str]:
         self.created = kwargs
@@ -135,8 +158,16 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
     assert host["Binds"] == ["/work/main:/work/main:ro"]
     assert host["Mounts"][0]["Source"] == "/opt/venv" and host["Mounts"][0]["ReadOnly"]
     # create → attach(stream, logs) → start → wait → remove, in that order
-    assert [c[0] for c in client.calls] == ["create", "attach", "start", "wait", "remove"]
-    assert client.calls[1][1]["stream"] and client.calls[1][1]["logs"]
+    assert [c[0] for c in client.calls] == [
+        "inspect_image",
+        "create",
+        "attach",
+        "start",
+        "wait",
+        "remove",
+    ]
+    attach = dict(client.calls)["attach"]
+    assert attach["stream"] and attach["logs"]
     assert [ln for ln in log.lines if not ln.startswith("created")] == [
         "[0]<stdout>:hello",
         "[1]<stdout>:hi",
@@ -268,3 +299,54 @@ def test_bad_mount_is_named():
         split_mounts(["/a"])
     with pytest.raises(ValueError, match="mode must be 'ro' or 'rw'"):
         split_mounts(["/a:/b:rx"])
+
+
+def test_an_image_the_engine_has_is_not_pulled():
+    client = FakeDockerClient([b"ok\n"], {"StatusCode": 0})
+    launcher(client).run(spec(), LineLog())
+    assert ("inspect_image", "hva/trainer:1") in client.calls
+    assert not [c for c in client.calls if c[0] == "pull"]
+
+
+def test_a_missing_image_is_pulled_before_the_container_is_created():
+    client = FakeDockerClient([b"ok\n"], {"StatusCode": 0})
+    client.images = set()
+    log = LineLog()
+    DockerLauncher(image="registry:5000/team/trainer:2", client=client).run(spec(), log)
+    names = [c[0] for c in client.calls]
+    assert names.index("pull") < names.index("create")
+    assert ("pull", "registry:5000/team/trainer:2") in client.calls
+    assert "pulled registry:5000/team/trainer:2" in log.lines
+
+
+def test_force_pull_pulls_an_image_the_engine_has():
+    client = FakeDockerClient([b"ok\n"], {"StatusCode": 0})
+    launcher(client, force_pull=True).run(spec(), LineLog())
+    assert ("pull", "hva/trainer:1") in client.calls
+
+
+def test_a_failed_pull_names_the_image_and_creates_nothing():
+    from operators import HorovodLaunchError
+
+    client = FakeDockerClient([b"ok\n"], {"StatusCode": 0})
+    client.images = set()
+    client.pull_events = [{"error": "unauthorized: authentication required"}]
+    with pytest.raises(HorovodLaunchError, match=r"cannot pull image 'hva/trainer:1': unauth"):
+        launcher(client).run(spec(), LineLog())
+    assert "create" not in [c[0] for c in client.calls]
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ("trainer", ("trainer", "latest")),
+        ("trainer:1", ("trainer", "1")),
+        ("registry:5000/team/trainer", ("registry:5000/team/trainer", "latest")),
+        ("registry:5000/team/trainer:2", ("registry:5000/team/trainer", "2")),
+        ("trainer@sha256:" + "a" * 64, ("trainer@sha256:" + "a" * 64, None)),
+    ],
+)
+def test_split_image(image, expected):
+    from operators.launchers.docker import split_image
+
+    assert split_image(image) == expected
