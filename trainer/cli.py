@@ -80,6 +80,14 @@ def _train_parser(
         "--epochs", type=int, default=d["epochs"], help="total epochs (default %(default)s)"
     )
     opt.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="stop after the first epoch whose allreduced validation accuracy is at least this "
+        "fraction (e.g. 0.99); every rank sees the same number, so all stop together "
+        "(default: run all --epochs)",
+    )
+    opt.add_argument(
         "--batch-size",
         type=int,
         default=d["batch_size"],
@@ -186,6 +194,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         output=args.output,
         model=args.model,
         epochs=args.epochs,
+        target_accuracy=args.target_accuracy,
         batch_size=args.batch_size,
         lr=args.lr,
         lr_scaling=args.lr_scaling,

@@ -37,6 +37,8 @@ class TrainConfig:
     output: str  # where checkpoint.pt and metrics.json go: s3://bucket/prefix or a local folder
     model: str = "mnist_bn"  # name in trainer.model.MODELS (mnist_cnn: the demo's CNN)
     epochs: int = 1  # total epochs of the run (a resumed run ends at the same total)
+    # stop after the first epoch whose allreduced validation accuracy reaches this (None: off)
+    target_accuracy: float | None = None
     batch_size: int = 64  # samples per rank per backward pass
     lr: float = 3e-3  # base learning rate for one rank, before --lr-scaling
     lr_scaling: str = "linear"  # how lr grows with world size: linear (x N), sqrt (x sqrt N), none
@@ -74,6 +76,12 @@ class TrainConfig:
         )
         need(self.model in MODELS, "model", f"one of {', '.join(sorted(MODELS))}", self.model)
         need(1 <= self.epochs <= 1000, "epochs", "an integer in [1, 1000]", self.epochs)
+        need(
+            self.target_accuracy is None or 0.0 < self.target_accuracy <= 1.0,
+            "target-accuracy",
+            "a fraction in (0, 1] (e.g. 0.99), or unset",
+            self.target_accuracy,
+        )
         need(
             1 <= self.batch_size <= 65536, "batch-size", "an integer in [1, 65536]", self.batch_size
         )

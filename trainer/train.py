@@ -465,6 +465,23 @@ def versions() -> dict[str, str]:
     return out
 
 
+def target_reached(history: list[dict[str, Any]], target: float | None) -> bool:
+    """True when the last finished epoch's allreduced validation accuracy reached ``target``.
+
+    ``history`` holds the allreduced numbers, identical on every rank, so every rank takes
+    the same decision without another collective.
+    """
+    return target is not None and bool(history) and history[-1]["val_accuracy"] >= target
+
+
+def stop_reason(history: list[dict[str, Any]], config: TrainConfig) -> str:
+    last = history[-1]
+    return (
+        f"val_accuracy {last['val_accuracy']:.4f} after epoch {last['epoch']} reached "
+        f"--target-accuracy {config.target_accuracy} (of {config.epochs} epochs)"
+    )
+
+
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on every rank; on rank 0 write checkpoint.pt each epoch and metrics.json at the end.
 
@@ -556,6 +573,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
     evaluation: dict[str, Any] = {}
     digest = ""
     for epoch in range(start_epoch, config.epochs):
+        if target_reached(history, config.target_accuracy):
+            # The allreduced accuracy is the same number on every rank: all stop here. Also
+            # true for a resumed run whose checkpoint had reached the target already.
+            log(rt, f"stopping after epoch {epoch}: {stop_reason(history, config)}")
+            break
         train_loss, samples, train_s = train_one_epoch(
             model,
             optimizer,
@@ -617,6 +639,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     metrics = {
         **evaluation,
         "epochs": len(history),
+        "stopped_at_target": target_reached(history, config.target_accuracy)
+        and len(history) < config.epochs,
         "world_size": rt.size,
         "history": history,
         "config": config.to_dict(),

@@ -36,6 +36,8 @@ def trainer(*args: str) -> subprocess.CompletedProcess[str]:
         (["--precision", "fp8"], "--precision", "bf16"),
         (["--channels-last", "maybe"], "--channels-last", "'on'"),
         (["--model", "resnet9000"], "--model", "mnist_cnn"),
+        (["--target-accuracy", "0"], "--target-accuracy", "(0, 1]"),
+        (["--target-accuracy", "1.5"], "--target-accuracy", "(0, 1]"),
     ],
 )
 def test_bad_train_option_exits_2_naming_option_and_range(

@@ -232,3 +232,32 @@ def test_s3_data_and_output(s3_server, mnist_subset: Path, tmp_path: Path) -> No
     cached = tmp_path / "cache" / "datasets" / manifest["content_hash"][:16]
     assert (cached / "train-images-idx3-ubyte.gz").is_file()  # downloaded once, verified
     assert s3_server.env["AWS_SECRET_ACCESS_KEY"] not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_target_accuracy_stops_every_rank_at_the_same_epoch(
+    staged_subset: Path, tmp_path: Path
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    target = 0.5  # far above chance (0.1), reached within a few epochs of 2000 images
+    args = ["--data", str(staged_subset), "--output", str(out), "--epochs", "4", *TINY]
+    args += ["--max-train-samples", "2000", "--target-accuracy", str(target)]
+    proc = run_horovod(args, cache)
+    assert proc.returncode == 0, describe(proc)
+    metrics = json.loads((out / "metrics.json").read_text())
+    accuracies = [h["val_accuracy"] for h in metrics["history"]]
+    # It stopped at the first epoch that reached the target, not later, and not before.
+    assert accuracies[-1] >= target and all(a < target for a in accuracies[:-1]), accuracies
+    assert metrics["epochs"] == len(accuracies) < 4, accuracies
+    assert metrics["stopped_at_target"] is True
+    assert metrics["config"]["target_accuracy"] == target
+    assert f"reached --target-accuracy {target}" in proc.stderr
+    # Both ranks left the loop together: the job ended cleanly, each rank's last epoch agrees.
+    assert proc.stdout.count('"event": "final_metrics"') == 1
+
+    # Resuming a run that stopped at its target trains nothing more.
+    resumed = run_horovod([*args, "--resume"], cache)
+    assert resumed.returncode == 0, describe(resumed)
+    again = json.loads((out / "metrics.json").read_text())
+    assert again["history"] == metrics["history"]
+    assert again["val_accuracy"] == metrics["val_accuracy"]
