@@ -4,16 +4,19 @@ from operators import HorovodTrainOperator, HorovodExportOperator
 """
 
 from operators.exceptions import (
+    HorovodConfigError,
     HorovodLaunchError,
     HorovodOperatorError,
     HorovodPreflightError,
     HorovodTimeoutError,
     HorovodTrainingError,
+    TrainingCompletedError,
 )
 from operators.export import HorovodExportOperator
 from operators.train import HorovodTrainOperator
 
 __all__ = [
+    "HorovodConfigError",
     "HorovodExportOperator",
     "HorovodLaunchError",
     "HorovodOperatorError",
@@ -21,4 +24,5 @@ __all__ = [
     "HorovodTimeoutError",
     "HorovodTrainOperator",
     "HorovodTrainingError",
+    "TrainingCompletedError",
 ]

@@ -2,9 +2,10 @@
 
 The failures of a Horovod job subclass :class:`HorovodOperatorError` (an
 ``AirflowException``), so Airflow retries them like any task failure; callers that care can
-catch the precise kind. Failures that a retry cannot fix (a refused publish, a champion that
-changed under the gate) are ``AirflowFailException``: the task fails without using its
-retries, and the message says what to do instead.
+catch the precise kind. Failures that a retry cannot fix (a bad setting, a failed preflight,
+a Clear of a train that completed, a refused publish, a champion that changed under the gate)
+are ``AirflowFailException``: the task fails without using its retries, and the message says
+what to do instead.
 """
 
 from __future__ import annotations
@@ -27,8 +28,23 @@ class HorovodOperatorError(AirflowException):
         super().__init__(message)
 
 
-class HorovodPreflightError(HorovodOperatorError):
-    """The job cannot start here: too few slots/GPUs, or the program's doctor said no."""
+class HorovodPreflightError(HorovodOperatorError, AirflowFailException):
+    """The job cannot start here: too few slots/GPUs, or the program's doctor said no.
+
+    A retry on the same worker meets the same machine, so it fails without retrying.
+    """
+
+
+class HorovodConfigError(AirflowFailException, ValueError):
+    """A rendered setting of the operator is invalid (named in the message); no retry fixes it."""
+
+
+class TrainingCompletedError(AirflowFailException):
+    """A later try of a run whose training already completed: it is neither resumed nor redone.
+
+    This is what a person's Clear of a successful train meets. The run's output holds the
+    finished model; trigger a new DAG run to train again.
+    """
 
 
 class HorovodLaunchError(HorovodOperatorError):

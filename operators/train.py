@@ -19,7 +19,7 @@ from operators.command import (
     program_argv,
     trainer_args_to_argv,
 )
-from operators.exceptions import HorovodTrainingError
+from operators.exceptions import HorovodConfigError, HorovodTrainingError, TrainingCompletedError
 from operators.job import HorovodJobOperatorBase, as_int, check_launcher, is_templated, job_name
 from operators.launchers.base import JobSpec
 
@@ -48,7 +48,13 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     :param hosts: ``"host:slots,..."`` or a list; None → ``localhost:<num_proc>``.
     :param entrypoint: the program, default ``python -m trainer train``.
     :param metric_key: the gate metric that must be in metrics.json.
-    :param resume_on_retry: add ``--resume`` when ``try_number > 1``.
+    :param resume_on_retry: add ``--resume`` on a later try (``try_number > 1``) of a run
+        whose training did not complete, so a failed try continues from its checkpoint.
+
+    A later try that finds ``<output>/metrics.json`` (the training of this run completed: a
+    person cleared a successful train) raises :class:`TrainingCompletedError` instead of
+    reusing or overwriting that model: trigger a new DAG run to train again. Settings that
+    are invalid once rendered raise :class:`HorovodConfigError`; both fail without retrying.
     :param ssh_port / ssh_identity_file / network_interface: passed to horovodrun.
 
     Plus the launcher settings of :class:`operators.job.HorovodJobOperatorBase`.
@@ -118,7 +124,31 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         self.network_interface = network_interface
 
     def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
-        """Validate the rendered fields and build the job (command, env, secrets)."""
+        """Validate the rendered fields and build the job (command, env, secrets).
+
+        Raises :class:`HorovodConfigError` naming a bad setting, and
+        :class:`TrainingCompletedError` on a later try of a completed training.
+        """
+        try:
+            return self._build_spec(context)
+        except ValueError as e:
+            if isinstance(e, HorovodConfigError):
+                raise
+            raise HorovodConfigError(f"{self.task_id}: {e}") from e
+
+    def refuse_completed_training(self, try_number: int) -> None:
+        """On a later try, raise :class:`TrainingCompletedError` if metrics.json is there."""
+        from trainer import storage
+
+        metrics_uri = storage.join(self.output_uri, "metrics.json")
+        if storage.exists(metrics_uri, client=self.s3_client_for(metrics_uri)):
+            raise TrainingCompletedError(
+                f"try {try_number}: the training of this run already completed "
+                f"({metrics_uri} exists); it is neither resumed nor redone over that model. "
+                f"Trigger a new DAG run to train again (it gets its own output prefix)."
+            )
+
+    def _build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         check_launcher(self.launcher, self.image)
         num_proc = as_int(self.num_proc, "num_proc", minimum=1)
         hosts = parse_hosts(self.hosts, num_proc)
@@ -129,7 +159,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             )
         ti = context.get("ti")
         try_number = int(getattr(ti, "try_number", 1) or 1)
-        resume = self.resume_on_retry and try_number > 1
+        if try_number > 1:
+            self.refuse_completed_training(try_number)  # a Clear of a successful train
+        resume = self.resume_on_retry and try_number > 1  # a failed try of this same run
         program = program_argv(
             self.entrypoint,
             data=self.data,

@@ -34,6 +34,7 @@ from trainer.config import (
     LR_SCHEDULES,
     OPTIMIZERS,
     PRECISIONS,
+    RESUME_MISMATCHES,
     ConfigError,
     TrainConfig,
 )
@@ -61,7 +62,19 @@ def _train_parser(
         default="",
         help="per-node dataset cache (default $HVA_CACHE_DIR or ~/.cache/horovod-airflow)",
     )
-    io.add_argument("--resume", action="store_true", help="continue from <output>/checkpoint.pt")
+    io.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <output>/checkpoint.pt (with every rank's RNG state) when it was "
+        "made by this run: same dataset content, world size and training settings",
+    )
+    io.add_argument(
+        "--resume-mismatch",
+        default=d["resume_mismatch"],
+        help=f"{'|'.join(RESUME_MISMATCHES)}: when --resume finds a checkpoint made another way, "
+        "stop naming each difference (error), or ignore it and train from scratch (fresh); "
+        "default %(default)s",
+    )
     io.add_argument(
         "--max-train-samples",
         type=int,
@@ -206,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         max_train_samples=args.max_train_samples,
         max_val_samples=args.max_val_samples,
         resume=args.resume,
+        resume_mismatch=args.resume_mismatch,
         fp16_allreduce=args.fp16_allreduce,
         adasum=args.adasum,
         backward_passes_per_step=args.backward_passes_per_step,

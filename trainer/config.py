@@ -25,6 +25,23 @@ LR_SCALINGS = ("linear", "sqrt", "none")
 LR_SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
 CHANNELS_LAST = ("auto", "on", "off")
+RESUME_MISMATCHES = ("error", "fresh")
+# Settings that do not change what a run computes (where it reads and writes, how it logs):
+# a resume compares every other field with the checkpoint's (the dataset by content hash).
+# Settings a resume may change: where things are and what is logged, and target_accuracy
+# (where to stop, not what any step computes: a resume may raise it to train on).
+NOT_RESULT_FIELDS = frozenset(
+    (
+        "data",
+        "output",
+        "resume",
+        "resume_mismatch",
+        "cache_dir",
+        "log_interval",
+        "debug_param_hash",
+        "target_accuracy",
+    )
+)
 
 
 class ConfigError(ValueError):
@@ -49,7 +66,8 @@ class TrainConfig:
     seed: int = 42  # seeds weights (rank 0's are broadcast), data order and dropout
     max_train_samples: int = 0  # use only the first N training samples (0 = all)
     max_val_samples: int = 0  # evaluate on only the first N test samples (0 = all)
-    resume: bool = False  # continue from <output>/checkpoint.pt when it exists
+    resume: bool = False  # continue from <output>/checkpoint.pt when it exists (and matches)
+    resume_mismatch: str = "error"  # checkpoint made another way: error | fresh (train anew)
     fp16_allreduce: bool = False  # compress gradients to fp16 for the allreduce
     adasum: bool = False  # reduce gradients with Adasum instead of averaging
     backward_passes_per_step: int = 1  # micro-batches accumulated locally before one allreduce
@@ -125,6 +143,12 @@ class TrainConfig:
             "an integer in [1, 1024]",
             self.backward_passes_per_step,
         )
+        need(
+            self.resume_mismatch in RESUME_MISMATCHES,
+            "resume-mismatch",
+            f"one of {RESUME_MISMATCHES}",
+            self.resume_mismatch,
+        )
         need(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}", self.precision)
         need(
             self.channels_last in CHANNELS_LAST,
@@ -143,6 +167,10 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain primitives only (stored in checkpoint.pt and metrics.json)."""
         return dataclasses.asdict(self)
+
+    def result_fields(self) -> dict[str, Any]:
+        """The fields that determine what the run computes (all but ``NOT_RESULT_FIELDS``)."""
+        return {k: v for k, v in self.to_dict().items() if k not in NOT_RESULT_FIELDS}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:

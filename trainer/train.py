@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer import data, storage
-from trainer.config import TrainConfig, lr_at
+from trainer.config import ConfigError, TrainConfig, lr_at
 from trainer.layout import DatasetError, DatasetIntegrityError
 from trainer.model import build_model
 
@@ -39,6 +39,10 @@ CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"
 
 class TrainingError(RuntimeError):
     """The run cannot go on (inconsistent ranks, incompatible checkpoint, too little data)."""
+
+
+class ResumeMismatchError(TrainingError):
+    """``--resume`` found a checkpoint made with other data, world size or settings."""
 
 
 class RankDivergenceError(TrainingError):
@@ -450,6 +454,124 @@ def save_checkpoint(uri: str, state: dict[str, Any]) -> None:
     storage.write_bytes(uri, buf.getvalue())
 
 
+NOT_RECORDED = "<not recorded>"
+
+
+def run_identity(
+    config: TrainConfig, rt: Runtime, content_hash: str, steps_per_epoch: int
+) -> dict[str, Any]:
+    """What a checkpoint must share with this run for a resume to continue the same run.
+
+    The dataset by content (not URI), the world size, the device type and resolved precision
+    (``auto`` may resolve otherwise elsewhere), the steps per epoch, and every setting that
+    changes the result (``TrainConfig.result_fields``).
+    """
+    return {
+        "dataset_content_hash": content_hash,
+        "world_size": rt.size,
+        "device_type": rt.device.split(":")[0],
+        "resolved_precision": rt.precision,
+        "resolved_channels_last": rt.channels_last,
+        "steps_per_epoch": steps_per_epoch,
+        **config.result_fields(),
+    }
+
+
+def same_lr_so_far(
+    saved_epochs: Any, config: TrainConfig, world_factor: int, steps: int, done_epochs: int
+) -> bool:
+    """True when a run of ``saved_epochs`` set the same lr as this one for every step taken.
+
+    Then a checkpoint of the shorter (or longer) run is this run's too: with a constant
+    schedule and no warmup running past the checkpoint, ``--epochs`` may grow on resume.
+    """
+    if not isinstance(saved_epochs, int) or saved_epochs < done_epochs:
+        return False
+    try:
+        saved = TrainConfig.from_dict({**config.to_dict(), "epochs": saved_epochs})
+    except ConfigError:
+        return False
+    return all(
+        lr_at(saved, world_factor, step, steps) == lr_at(config, world_factor, step, steps)
+        for step in range(done_epochs * steps)
+    )
+
+
+def resume_mismatches(
+    saved: dict[str, Any],
+    now: dict[str, Any],
+    config: TrainConfig,
+    world_factor: int,
+    done_epochs: int,
+) -> list[str]:
+    """One line per field where the checkpoint's ``saved`` identity differs from ``now``."""
+    lines = []
+    for key in now:
+        old, new = saved.get(key, NOT_RECORDED), now[key]
+        if old == new:
+            continue
+        if key == "epochs" and same_lr_so_far(
+            old, config, world_factor, now["steps_per_epoch"], done_epochs
+        ):
+            continue  # the lr of every step taken is the same: epochs may change
+        lines.append(f"{key}: checkpoint {old!r}, now {new!r}")
+    return lines
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's random state: torch CPU (dropout on CPU) and the device's CUDA generator.
+
+    Data order needs none: ``epoch_indices`` seeds its own generator per epoch. The trainer
+    uses neither Python's ``random`` nor numpy's.
+    """
+    import torch
+
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def read_resume_state(
+    ckpt_uri: str, identity: dict[str, Any], config: TrainConfig, world_factor: int
+) -> tuple[str, Any]:
+    """Rank 0's verdict on ``--resume``: ("resume", checkpoint), ("fresh", why), ("error", why).
+
+    Never raises: every rank must learn the outcome (``hvd.broadcast_object``) and stop, or
+    go on, together.
+    """
+    try:
+        if not storage.exists(ckpt_uri):
+            return "fresh", f"--resume: no {ckpt_uri} yet, starting from scratch"
+        state = load_checkpoint(ckpt_uri)
+    except Exception as e:
+        return "error", f"--resume: cannot read {ckpt_uri}: {type(e).__name__}: {e}"
+    done = int(state.get("epoch", 0))
+    saved = state.get("identity") or {}
+    differences = resume_mismatches(saved, identity, config, world_factor, done)
+    if not isinstance(state.get("rng_states"), list):  # it cannot continue the same streams
+        differences.append(f"rng_states: checkpoint {NOT_RECORDED}")
+    if not differences and done > config.epochs:
+        differences = [f"epoch: checkpoint is after epoch {done}, the run has {config.epochs}"]
+    if not differences:
+        return "resume", state
+    text = f"{ckpt_uri} was not made by this run: " + "; ".join(differences)
+    if config.resume_mismatch == "fresh":
+        return "fresh", f"{text}; --resume-mismatch fresh: training from scratch"
+    return "error", (
+        f"{text}. Pass --resume-mismatch fresh to train from scratch over it, or write to "
+        "another --output (a new run)"
+    )
+
+
 def versions() -> dict[str, str]:
     import torch
 
@@ -532,23 +654,27 @@ def run(config: TrainConfig) -> dict[str, Any]:
     world_factor = lr_world_factor(config, device)
     optimizer = build_optimizer(config, model, lr_at(config, world_factor, 0, steps))
 
-    start_epoch, history = 0, []
+    identity = run_identity(config, rt, dataset.content_hash, steps)
+    start_epoch, history, rng_states = 0, [], None
+    saved_optimizer: dict[str, Any] | None = None
+    verdict: tuple[str, Any] = ("none", None)
     if config.resume and rt.is_primary:
-        if storage.exists(ckpt_uri):
-            state = load_checkpoint(ckpt_uri)
-            saved_model = state["config"].get("model")
-            if saved_model != config.model:
-                raise TrainingError(f"{ckpt_uri} holds model {saved_model!r}, not {config.model!r}")
+        verdict = read_resume_state(ckpt_uri, identity, config, world_factor)
+        if verdict[0] == "resume":
+            state = verdict[1]
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            make_state_contiguous(optimizer)
+            saved_optimizer = state["optimizer"]
             start_epoch, history = int(state["epoch"]), list(state["history"])
+            rng_states = state["rng_states"]
             log(rt, f"resuming from {ckpt_uri} after epoch {start_epoch}")
-        else:
-            log(rt, f"--resume: no {ckpt_uri} yet, starting from scratch")
-    start_epoch, history = hvd.broadcast_object(  # Horovod: rank 0 read the checkpoint
-        (start_epoch, history), root_rank=0, name="resume_state"
+            verdict = ("resume", None)
+        elif verdict[0] == "fresh":
+            log(rt, verdict[1])
+    verdict, start_epoch, history, rng_states = hvd.broadcast_object(  # Horovod: rank 0 read it
+        (verdict, start_epoch, history, rng_states), root_rank=0, name="resume_state"
     )
+    if verdict[0] == "error":  # every rank stops, before any training
+        raise ResumeMismatchError(verdict[1])
 
     optimizer = hvd.DistributedOptimizer(  # Horovod: allreduce gradients in step()
         optimizer,
@@ -557,6 +683,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
         op=hvd.Adasum if config.adasum else hvd.Average,
         backward_passes_per_step=config.backward_passes_per_step,
     )
+    if saved_optimizer is not None:  # into the wrapper: it was built anew from param_groups
+        optimizer.load_state_dict(saved_optimizer)
+        make_state_contiguous(optimizer)
     # Horovod: start every rank from rank 0's optimizer state and weights (the state first:
     # initializing an empty state takes a zero-gradient step that weight decay would move).
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -569,6 +698,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     if config.debug_param_hash:
         print_param_hash(0)
+
+    if rng_states is not None:  # continue each rank's random stream where it was saved
+        restore_rng_state(rng_states[rt.rank], device)
 
     evaluation: dict[str, Any] = {}
     digest = ""
@@ -617,6 +749,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             )
             print(json.dumps(event), flush=True)
         digest = check_ranks_agree(model, rt, f"after epoch {epoch + 1}")
+        # Horovod: rank 0 saves every rank's random state, so a resume continues each one
+        rng_states = hvd.allgather_object(rng_state(device), name=f"rng_state.{epoch}")
         if rt.is_primary:
             save_checkpoint(
                 ckpt_uri,
@@ -629,6 +763,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
                     "history": history,
                     "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
                     "world_size": rt.size,
+                    "identity": identity,
+                    "rng_states": rng_states,
                 },
             )
 

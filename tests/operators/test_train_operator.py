@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from airflow.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowFailException
 
 from operators import (
+    HorovodConfigError,
     HorovodExportOperator,
     HorovodLaunchError,
     HorovodOperatorError,
@@ -19,6 +21,7 @@ from operators import (
     HorovodTimeoutError,
     HorovodTrainingError,
     HorovodTrainOperator,
+    TrainingCompletedError,
 )
 from operators.command import RANK_ENV_WRAPPER, Host
 from operators.launchers.local import check_slots
@@ -322,3 +325,38 @@ def test_env_template_must_render_to_a_dict():
     op.render_template_fields(ctx)
     with pytest.raises(ValueError, match="env must render to a dict of name → value, got 'A=1'"):
         op.build_spec(ctx)
+
+
+def test_a_failed_try_resumes_and_a_completed_training_is_refused_on_a_later_try(out_dir):
+    op = train_op(output=str(out_dir), aws_conn_id=None, entrypoint=PROGRAM, preflight=False)
+    assert "--resume" not in op.build_spec(context(try_number=1))[0].argv
+    assert "--resume" in op.build_spec(context(try_number=2))[0].argv  # no metrics.json: failed
+
+    (out_dir / "metrics.json").write_text("{}")  # the training of this run completed
+    with pytest.raises(TrainingCompletedError) as refused:
+        op.build_spec(context(try_number=3))
+    assert isinstance(refused.value, AirflowFailException)  # fails without using retries
+    message = str(refused.value)
+    assert f"{out_dir}/metrics.json exists" in message and "Trigger a new DAG run" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_proc": "{{ params.np }}"}, "num_proc must be an integer ≥ 1, got 'zero'"),
+        ({"trainer_args": "{{ params.np }}"}, "trainer_args"),
+        ({"launcher": "{{ params.np }}"}, "launcher must be one of local, docker, kubernetes"),
+    ],
+)
+def test_a_bad_rendered_setting_fails_without_retry(kwargs, message):
+    op = train_op(aws_conn_id=None, preflight=False, **kwargs)
+    ctx = {**context(), "params": {"np": "zero"}}
+    op.render_template_fields(ctx)
+    with pytest.raises(HorovodConfigError, match=message) as err:
+        op.build_spec(ctx)
+    assert isinstance(err.value, AirflowFailException) and isinstance(err.value, ValueError)
+
+
+def test_preflight_failures_do_not_use_retries():
+    assert issubclass(HorovodPreflightError, AirflowFailException)
+    assert issubclass(HorovodPreflightError, HorovodOperatorError)

@@ -38,6 +38,7 @@ def trainer(*args: str) -> subprocess.CompletedProcess[str]:
         (["--model", "resnet9000"], "--model", "mnist_cnn"),
         (["--target-accuracy", "0"], "--target-accuracy", "(0, 1]"),
         (["--target-accuracy", "1.5"], "--target-accuracy", "(0, 1]"),
+        (["--resume-mismatch", "ignore"], "--resume-mismatch", "'fresh'"),
     ],
 )
 def test_bad_train_option_exits_2_naming_option_and_range(
@@ -77,3 +78,11 @@ def test_doctor_fails_naming_the_gpu_shortfall() -> None:
     proc = trainer("doctor", "--np", "4096", "--gpus-per-proc", "1")
     assert proc.returncode == 1
     assert "4096 GPUs" in proc.stdout and "cannot start" in proc.stdout
+
+
+def test_help_explains_resume_and_its_mismatch_choice() -> None:
+    proc = trainer("train", "--help")
+    text = " ".join(proc.stdout.split())
+    assert "same dataset content, world size and training settings" in text
+    assert "--resume-mismatch RESUME_MISMATCH" in text and "error|fresh" in text
+    assert "default error" in text
