@@ -273,3 +273,91 @@ def test_an_unreachable_s3_fails_naming_endpoint_and_operation_and_leaks_no_secr
         ).all()
         assert secret not in json.dumps([x.value for x in xcoms], default=str)
         assert secret not in json.dumps([r.rendered_fields for r in rendered], default=str)
+
+
+def _rank_processes(marker: str) -> list:
+    """Live trainer processes whose command line names ``marker`` (the test's bucket)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in cmd and "trainer" in cmd:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_epoch_fails_the_try_and_the_retry_resumes_to_the_same_model(
+    s3_server, airflow_db, capfd
+):
+    """kill -9 of rank 1 in epoch 2 of a real DAG run: the train try fails with the ranks'
+    tail, Airflow's retry resumes from the epoch-1 checkpoint, and the model equals an
+    uninterrupted run's (same conf, same seed); no process is left behind."""
+    import signal
+    import threading
+    import time
+    from datetime import timedelta
+
+    from airflow.sdk import DagRunState
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("killed")
+    conf = {"num_proc": 2, "epochs": 2, "max_train_samples": 12000, "min_accuracy": 0.5}
+    killed: dict[str, object] = {}
+
+    def kill_rank_1_after_the_first_checkpoint() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            keys = _keys(client, bucket, "runs/")
+            if any(k.endswith("/checkpoint.pt") for k in keys):
+                for p in _rank_processes(f"s3://{bucket}/"):
+                    try:
+                        if p.environ().get("HOROVOD_RANK") == "1" and "train" in p.cmdline():
+                            p.send_signal(signal.SIGKILL)
+                            killed["pid"] = p.pid
+                            return
+                    except Exception:
+                        continue
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=kill_rank_1_after_the_first_checkpoint, daemon=True)
+    watcher.start()
+    dag = _load_dag(bucket).retrain_dag
+    dag.get_task("train").retry_delay = timedelta(seconds=1)
+    run = dag.test(run_conf=conf)
+    watcher.join(5)
+    text = capfd.readouterr().out
+    states = _states(run)
+    assert killed.get("pid"), "rank 1 was never killed"
+    assert run.state == DagRunState.SUCCESS, states
+    (train,) = [ti for ti in run.get_task_instances() if ti.task_id == "train"]
+    assert train.try_number == 2, train.try_number
+    # Try 1 failed naming the dead rank, with the ranks' last lines; try 2 resumed.
+    assert "HorovodTrainingError" in text, text[-4000:]
+    assert "[1]<stderr>" in text or "[0]<stderr>" in text
+    assert "resuming from" in text and "after epoch 1" in text
+    assert _rank_processes(f"s3://{bucket}/") == []
+
+    run_keys = _keys(client, bucket, "runs/mnist_horovod_retrain/")
+    (resumed_metrics,) = [k for k in run_keys if k.endswith("/metrics.json")]
+    resumed = json.loads(_get(client, bucket, resumed_metrics))
+
+    # The same conf again, uninterrupted: a new run, so a fresh run prefix.
+    again = dag.test(run_conf=conf)
+    assert again.state == DagRunState.SUCCESS, _states(again)
+    (fresh_metrics,) = [
+        k for k in _keys(client, bucket, "runs/mnist_horovod_retrain/")
+        if k.endswith("/metrics.json") and k != resumed_metrics
+    ]  # fmt: skip
+    fresh = json.loads(_get(client, bucket, fresh_metrics))
+    for key in ("val_accuracy", "val_correct", "val_loss", "epochs", "param_hash"):
+        assert resumed[key] == fresh[key], (key, resumed[key], fresh[key])
+    strip = ("samples_per_sec", "epoch_seconds")
+    assert [{k: v for k, v in h.items() if k not in strip} for h in resumed["history"]] == [
+        {k: v for k, v in h.items() if k not in strip} for h in fresh["history"]
+    ]
+    assert _rank_processes(f"s3://{bucket}/") == []
