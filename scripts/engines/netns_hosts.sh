@@ -56,9 +56,14 @@ host_index() { # host name -> its position in $hosts, from 1
 }
 
 sshd_pid() { # host -> pid of its listening sshd, when alive
-  local pid
+  local pid st
   pid=$(cat "$state/$1/sshd.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  # A killed sshd whose parent (PID 1 of a container, often) does not reap it stays a zombie,
+  # which kill -0 still finds: it is dead all the same and must be started again.
+  st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  case "$st" in Z | X | "") return 1 ;; esac
+  echo "$pid"
 }
 
 install_packages() {

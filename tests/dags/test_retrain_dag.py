@@ -49,6 +49,34 @@ def _load_dag(bucket: str, module: str = "dags.mnist_horovod_retrain"):
     return mod
 
 
+def _only_this_bucket_is_deployed(mod) -> None:
+    """Each test deploys the DAG with a bucket of its own, in one metadata DB. In Airflow the
+    scheduler orphans an asset no DAG declares any more, which frees its name for the new URI;
+    dag.test() runs no scheduler, so do that here (else the task fails: its outlet is inactive)."""
+    from airflow.models.asset import (
+        AssetActive,
+        AssetModel,
+        DagScheduleAssetReference,
+        TaskInletAssetReference,
+        TaskOutletAssetReference,
+    )
+    from airflow.utils.session import create_session
+
+    asset = mod.LATEST_MODEL
+    with create_session() as session:
+        others = [
+            a.id
+            for a in session.query(AssetModel).filter(
+                AssetModel.name == asset.name, AssetModel.uri != asset.uri
+            )
+        ]
+        for ref in (TaskOutletAssetReference, TaskInletAssetReference, DagScheduleAssetReference):
+            session.query(ref).filter(ref.asset_id.in_(others)).delete(synchronize_session=False)
+        session.query(AssetActive).filter(
+            AssetActive.name == asset.name, AssetActive.uri != asset.uri
+        ).delete(synchronize_session=False)
+
+
 def test_dag_shape_schedule_and_form():
     mod = _load_dag("shape-check")
     dag = mod.retrain_dag
@@ -98,8 +126,48 @@ def test_bad_conf_is_rejected_by_the_airflow_cli(airflow_db):
     assert "num_proc" in proc.stdout + proc.stderr
 
 
-def _states(dag_run) -> dict[str, str]:
-    return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+_TASK_ERRORS: dict[tuple[str, str], str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _record_task_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dag.test() logs no task's exception where a test sees it: keep each failed task's
+    traceback (by run and task) so an assertion on a run's state can say why it failed."""
+    import traceback
+
+    from airflow.sdk.execution_time import supervisor
+
+    real = supervisor.run_task_in_process
+
+    def recording(ti, task):
+        result = real(ti=ti, task=task)
+        if result.error is not None:
+            _TASK_ERRORS[(ti.run_id, ti.task_id)] = "".join(
+                traceback.format_exception(result.error)
+            )
+        return result
+
+    monkeypatch.setattr(supervisor, "run_task_in_process", recording)
+
+
+class _States(dict):
+    """Task states; its repr adds each failed task's traceback."""
+
+    def __init__(self, states: dict[str, str], errors: dict[str, str]) -> None:
+        super().__init__(states)
+        self.errors = errors
+
+    def __repr__(self) -> str:
+        tails = "".join(f"\n--- {task} ---\n{text[-4000:]}" for task, text in self.errors.items())
+        return dict.__repr__(self) + tails
+
+
+def _states(dag_run) -> _States:
+    states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+    errors = {
+        task: text for (run_id, task), text in _TASK_ERRORS.items() if run_id == dag_run.run_id
+    }
+    return _States(states, errors)
 
 
 def _cli_run_states(dag_id: str, conf: str) -> dict[str, str]:
@@ -137,7 +205,9 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
 
     client = s3_server.client()
     bucket = s3_server.new_bucket("pipeline")
-    dag = _load_dag(bucket).retrain_dag
+    mod = _load_dag(bucket)
+    _only_this_bucket_is_deployed(mod)
+    dag = mod.retrain_dag
 
     # 1. A passing run publishes a model.
     run = dag.test(run_conf={**SMALL_RUN, "min_accuracy": 0.5})
@@ -249,7 +319,9 @@ def test_an_unreachable_s3_fails_naming_endpoint_and_operation_and_leaks_no_secr
                                        "connect_timeout": 2}}  # fmt: skip
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
-    dag = _load_dag("unreachable-bucket").retrain_dag
+    mod = _load_dag("unreachable-bucket")
+    _only_this_bucket_is_deployed(mod)
+    dag = mod.retrain_dag
     dag.get_task("stage_dataset").retries = 0  # one try is enough to read its error
 
     run = dag.test(run_conf=SMALL_RUN)
@@ -326,7 +398,9 @@ def test_a_rank_killed_mid_epoch_fails_the_try_and_the_retry_resumes_to_the_same
 
     watcher = threading.Thread(target=kill_rank_1_after_the_first_checkpoint, daemon=True)
     watcher.start()
-    dag = _load_dag(bucket).retrain_dag
+    mod = _load_dag(bucket)
+    _only_this_bucket_is_deployed(mod)
+    dag = mod.retrain_dag
     dag.get_task("train").retry_delay = timedelta(seconds=1)
     run = dag.test(run_conf=conf)
     watcher.join(5)

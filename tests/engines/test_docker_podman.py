@@ -212,7 +212,7 @@ def test_failing_trainer_surfaces_exit_code_and_output_tail(podman_engine, s3_se
         task_id="failing",
         entrypoint=("python", "-m", "trainer", "train"),
         trainer_args={"epochs": 1},
-        cleanup="delete_on_success",  # the default: a failed container is kept to inspect
+        cleanup="delete_on_success",  # the default keeps a failed container, but not this one
     )
 
     with pytest.raises(HorovodTrainingError) as caught:
@@ -226,9 +226,31 @@ def test_failing_trainer_surfaces_exit_code_and_output_tail(podman_engine, s3_se
     # The trainer's own last lines, naming what was wrong, are in the exception.
     assert missing in message
     assert error.log_tail and any(missing in line for line in error.log_tail)
-    (kept,) = containers_named(podman_engine, "failing")
-    assert kept["Labels"][JOB_LABEL].startswith("hvd-failing-")
+    # Its environment holds the S3 connection's keys: the container goes despite
+    # delete_on_success, after its final state is logged (its output already is).
+    assert containers_named(podman_engine, "failing") == []
+    assert "despite cleanup='delete_on_success'" in task_log.text
+    assert f"'ExitCode': {error.exit_code}" in task_log.text
+
+
+def test_failed_container_without_credentials_is_kept_to_inspect(podman_engine, task_log):
+    op = docker_op(
+        podman_engine,
+        "/nonexistent/data",  # the probe reads neither; no aws_conn_id: no credentials
+        "/nonexistent/out",
+        task_id="keptfail",
+        aws_conn_id=None,
+        trainer_args={"fail_rank": 1},
+        cleanup="delete_on_success",
+    )
+    with pytest.raises(HorovodTrainingError) as caught:
+        op.execute(fresh_context())
+    assert caught.value.exit_code not in (None, 0)
+    assert "failing on purpose" in str(caught.value)
+    (kept,) = containers_named(podman_engine, "keptfail")  # job_containers_removed clears it
+    assert kept["Labels"][JOB_LABEL].startswith("hvd-keptfail-")
     assert kept["State"] == "exited"
+    assert "despite cleanup" not in task_log.text
 
 
 REGISTRY = "127.0.0.1:5055"  # podman_engine.sh lets the engine pull from it over plain HTTP
