@@ -49,34 +49,6 @@ def _load_dag(bucket: str, module: str = "dags.mnist_horovod_retrain"):
     return mod
 
 
-def _only_this_bucket_is_deployed(mod) -> None:
-    """Each test deploys the DAG with a bucket of its own, in one metadata DB. In Airflow the
-    scheduler orphans an asset no DAG declares any more, which frees its name for the new URI;
-    dag.test() runs no scheduler, so do that here (else the task fails: its outlet is inactive)."""
-    from airflow.models.asset import (
-        AssetActive,
-        AssetModel,
-        DagScheduleAssetReference,
-        TaskInletAssetReference,
-        TaskOutletAssetReference,
-    )
-    from airflow.utils.session import create_session
-
-    asset = mod.LATEST_MODEL
-    with create_session() as session:
-        others = [
-            a.id
-            for a in session.query(AssetModel).filter(
-                AssetModel.name == asset.name, AssetModel.uri != asset.uri
-            )
-        ]
-        for ref in (TaskOutletAssetReference, TaskInletAssetReference, DagScheduleAssetReference):
-            session.query(ref).filter(ref.asset_id.in_(others)).delete(synchronize_session=False)
-        session.query(AssetActive).filter(
-            AssetActive.name == asset.name, AssetActive.uri != asset.uri
-        ).delete(synchronize_session=False)
-
-
 def test_dag_shape_schedule_and_form():
     mod = _load_dag("shape-check")
     dag = mod.retrain_dag
@@ -205,9 +177,7 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
 
     client = s3_server.client()
     bucket = s3_server.new_bucket("pipeline")
-    mod = _load_dag(bucket)
-    _only_this_bucket_is_deployed(mod)
-    dag = mod.retrain_dag
+    dag = _load_dag(bucket).retrain_dag
 
     # 1. A passing run publishes a model.
     run = dag.test(run_conf={**SMALL_RUN, "min_accuracy": 0.5})
@@ -319,9 +289,7 @@ def test_an_unreachable_s3_fails_naming_endpoint_and_operation_and_leaks_no_secr
                                        "connect_timeout": 2}}  # fmt: skip
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
-    mod = _load_dag("unreachable-bucket")
-    _only_this_bucket_is_deployed(mod)
-    dag = mod.retrain_dag
+    dag = _load_dag("unreachable-bucket").retrain_dag
     dag.get_task("stage_dataset").retries = 0  # one try is enough to read its error
 
     run = dag.test(run_conf=SMALL_RUN)
@@ -398,9 +366,7 @@ def test_a_rank_killed_mid_epoch_fails_the_try_and_the_retry_resumes_to_the_same
 
     watcher = threading.Thread(target=kill_rank_1_after_the_first_checkpoint, daemon=True)
     watcher.start()
-    mod = _load_dag(bucket)
-    _only_this_bucket_is_deployed(mod)
-    dag = mod.retrain_dag
+    dag = _load_dag(bucket).retrain_dag
     dag.get_task("train").retry_delay = timedelta(seconds=1)
     run = dag.test(run_conf=conf)
     watcher.join(5)
