@@ -34,6 +34,11 @@ os.environ.setdefault(
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+# Each DAG-run test imports the DAG with its own bucket, so the Asset URI of `publish` changes
+# between tests seconds apart. Airflow skips re-writing a serialized DAG written less than
+# min_serialized_dag_update_interval (30 s) ago, and dag.test() then runs the new DAG against
+# the previous test's stored copy (whose outlet names the previous bucket): always re-write.
+os.environ.setdefault("AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL", "0")
 # Remembered doctor passes of the local launcher: the suite's own, never the user's.
 os.environ["HVA_PREFLIGHT_CACHE"] = str(_AIRFLOW_HOME / "preflight-cache")
 # Ranks and helper processes must find the venv's horovodrun and python first.

@@ -49,6 +49,26 @@ def _load_dag(bucket: str, module: str = "dags.mnist_horovod_retrain"):
     return mod
 
 
+def _deploy(bucket: str, module: str = "dags.mnist_horovod_retrain"):
+    """Import the DAG with this bucket as a deployment would, ready for ``dag.test()``.
+
+    Every test deploys with a bucket of its own into one metadata DB, so the Asset name of
+    the published model has a different URI each time. Airflow keeps one active URI per
+    asset name; the scheduler's orphanage pass would retire the previous test's URI once no
+    DAG declares it, but dag.test() runs no scheduler. Retire it here, so the DAG sync inside
+    dag.test() activates this test's URI (else the outlet is refused as inactive)."""
+    from airflow.models.asset import AssetActive
+    from airflow.utils.session import create_session
+
+    mod = _load_dag(bucket, module)
+    asset = mod.LATEST_MODEL
+    with create_session() as session:
+        session.query(AssetActive).filter(
+            AssetActive.name == asset.name, AssetActive.uri != asset.uri
+        ).delete(synchronize_session=False)
+    return mod
+
+
 def test_dag_shape_schedule_and_form():
     mod = _load_dag("shape-check")
     dag = mod.retrain_dag
@@ -177,7 +197,7 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
 
     client = s3_server.client()
     bucket = s3_server.new_bucket("pipeline")
-    dag = _load_dag(bucket).retrain_dag
+    dag = _deploy(bucket).retrain_dag
 
     # 1. A passing run publishes a model.
     run = dag.test(run_conf={**SMALL_RUN, "min_accuracy": 0.5})
@@ -247,7 +267,7 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
     assert not any(k.startswith("models/") and k not in keys for k in keys2)
 
     # 3. The serving-side consumer verifies and runs the published model.
-    serve = _load_dag(bucket, "dags.serve_latest_model").serve_dag
+    serve = _deploy(bucket, "dags.serve_latest_model").serve_dag
     srun = serve.test()
     assert srun.state == DagRunState.SUCCESS, _states(srun)
     (ti,) = srun.get_task_instances()
@@ -289,7 +309,7 @@ def test_an_unreachable_s3_fails_naming_endpoint_and_operation_and_leaks_no_secr
                                        "connect_timeout": 2}}  # fmt: skip
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
-    dag = _load_dag("unreachable-bucket").retrain_dag
+    dag = _deploy("unreachable-bucket").retrain_dag
     dag.get_task("stage_dataset").retries = 0  # one try is enough to read its error
 
     run = dag.test(run_conf=SMALL_RUN)
@@ -366,7 +386,7 @@ def test_a_rank_killed_mid_epoch_fails_the_try_and_the_retry_resumes_to_the_same
 
     watcher = threading.Thread(target=kill_rank_1_after_the_first_checkpoint, daemon=True)
     watcher.start()
-    dag = _load_dag(bucket).retrain_dag
+    dag = _deploy(bucket).retrain_dag
     dag.get_task("train").retry_delay = timedelta(seconds=1)
     run = dag.test(run_conf=conf)
     watcher.join(5)
