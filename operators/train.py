@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from operators.command import (
+    CONTROLLER_FLAGS,
     TRAINER_ENTRYPOINT,
     doctor_argv,
     horovodrun_argv,
@@ -32,7 +33,7 @@ XCOM_KEYS = ("val_accuracy", "val_loss", "val_samples", "epochs", "world_size")
 class HorovodTrainOperator(HorovodJobOperatorBase):
     """Train with Horovod on ``num_proc`` ranks; return the metrics the program wrote.
 
-    Builds ``horovodrun -np N -H hosts <entrypoint> --data D --output O [trainer_args]``
+    Builds ``horovodrun --gloo -np N -H hosts <entrypoint> --data D --output O [trainer_args]``
     (``--resume`` added on Airflow retries when ``resume_on_retry``), runs it through the
     chosen launcher, then reads ``<output>/metrics.json`` with the AWS connection and
     returns (as XCom) ``val_accuracy, val_loss, val_samples, epochs, world_size, output,
@@ -56,6 +57,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     reusing or overwriting that model: trigger a new DAG run to train again. Settings that
     are invalid once rendered raise :class:`HorovodConfigError`; both fail without retrying.
     :param ssh_port / ssh_identity_file / network_interface: passed to horovodrun.
+    :param controller: horovodrun's controller, ``"gloo"`` (default: what this project's
+        Horovod builds have), ``"mpi"`` (a Horovod built with MPI; needed for Adasum) or
+        ``"auto"`` (horovodrun probes the build and prefers MPI; the probe costs seconds).
 
     Plus the launcher settings of :class:`operators.job.HorovodJobOperatorBase`.
     """
@@ -85,6 +89,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         ssh_port: int | None = None,
         ssh_identity_file: str | None = None,
         network_interface: str | None = None,
+        controller: str = "gloo",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -109,6 +114,10 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             raise ValueError(f"metric_key must be a non-empty string, got {metric_key!r}")
         if ssh_port is not None and not (isinstance(ssh_port, int) and 0 < ssh_port < 65536):
             raise ValueError(f"ssh_port must be a TCP port 1-65535, got {ssh_port!r}")
+        if controller not in CONTROLLER_FLAGS:
+            raise ValueError(
+                f"controller must be one of {sorted(CONTROLLER_FLAGS)}, got {controller!r}"
+            )
         if hosts is not None and not is_templated(hosts):
             parse_hosts(hosts, 1)  # raises ValueError naming the bad entry
         self.data = data
@@ -122,6 +131,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         self.ssh_port = ssh_port
         self.ssh_identity_file = ssh_identity_file
         self.network_interface = network_interface
+        self.controller = controller
 
     def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         """Validate the rendered fields and build the job (command, env, secrets).
@@ -191,6 +201,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
                 ssh_port=self.ssh_port,
                 ssh_identity_file=self.ssh_identity_file,
                 network_interface=self.network_interface,
+                controller=self.controller,
             )
             if not all(h.is_local for h in hosts) and secret:
                 self.log.warning(
@@ -213,6 +224,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             timeout=self.timeout,
             distributed=True,
             preflight_argv=preflight,
+            controller=self.controller,
         )
         return spec, hosts
 

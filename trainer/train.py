@@ -622,8 +622,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
     if config.adasum and not hvd.mpi_enabled():
         # Horovod implements Adasum only over MPI (CPU and GPU); Gloo has no Adasum op.
         raise TrainingError(
-            "--adasum needs Horovod's MPI controller (horovodrun --mpi, Horovod built with MPI); "
-            "this job runs on Gloo: drop --adasum to average gradients"
+            "--adasum needs Horovod's MPI controller (horovodrun --mpi, the operator's "
+            "controller='mpi', a Horovod built with MPI); this job runs on Gloo: drop --adasum "
+            "to average gradients"
         )
     if config.adasum and rt.size & (rt.size - 1):
         raise TrainingError(f"--adasum needs a power-of-2 number of ranks, this job has {rt.size}")

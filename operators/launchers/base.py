@@ -33,6 +33,7 @@ class JobSpec:
     timeout: float | None = None  # seconds before the job is stopped
     distributed: bool = True  # argv is a horovodrun command (ranks source the secrets file)
     preflight_argv: Sequence[str] | None = None  # a doctor command to run first, if any
+    controller: str = "gloo"  # horovodrun's controller: gloo, mpi or auto (its own choice)
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,10 @@ class DockerLauncher(Launcher):
         if not spec.distributed:
             return list(spec.argv)
         argv = horovodrun_argv(
-            spec.argv, num_proc=spec.num_proc, hosts=[Host("localhost", spec.num_proc)]
+            spec.argv,
+            num_proc=spec.num_proc,
+            hosts=[Host("localhost", spec.num_proc)],
+            controller=spec.controller,
         )
         return ["sh", "-c", stash_secrets_script(spec.secret_env), "hva-launch", *argv]
 

@@ -74,7 +74,13 @@ def build_mpijob(
     hosts = [
         Host(f"{name}-worker-{i}.{name}.{namespace}.svc", slots_per_worker) for i in range(workers)
     ]
-    command = horovodrun_argv(spec.argv, num_proc=spec.num_proc, hosts=hosts, ssh_port=ssh_port)
+    command = horovodrun_argv(
+        spec.argv,
+        num_proc=spec.num_proc,
+        hosts=hosts,
+        ssh_port=ssh_port,
+        controller=spec.controller,
+    )
     env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
     volumes: list[dict[str, Any]] = []

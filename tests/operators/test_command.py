@@ -42,6 +42,7 @@ def test_full_horovodrun_command_shape():
     )
     assert argv == [
         "horovodrun",
+        "--gloo",
         "-np",
         "4",
         "-H",
@@ -69,7 +70,23 @@ def test_full_horovodrun_command_shape():
 
 def test_optional_flags_are_omitted():
     argv = horovodrun_argv(["prog"], num_proc=2, hosts=parse_hosts(None, 2), load_rank_env=False)
-    assert argv == ["horovodrun", "-np", "2", "-H", "localhost:2", "prog"]
+    assert argv == ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", "prog"]
+
+
+@pytest.mark.parametrize(
+    ("controller", "flags"), [("gloo", ["--gloo"]), ("mpi", ["--mpi"]), ("auto", [])]
+)
+def test_the_controller_is_named_unless_auto(controller, flags):
+    argv = horovodrun_argv(
+        ["prog"], num_proc=1, hosts=parse_hosts(None, 1), load_rank_env=False,
+        controller=controller,
+    )  # fmt: skip
+    assert argv == ["horovodrun", *flags, "-np", "1", "-H", "localhost:1", "prog"]
+
+
+def test_an_unknown_controller_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"controller must be one of \['auto', 'gloo', 'mpi'\]"):
+        horovodrun_argv(["prog"], num_proc=1, hosts=parse_hosts(None, 1), controller="nccl")
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,7 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
     assert created["command"][3:] == [
         "hva-launch",
         "horovodrun",
+        "--gloo",
         "-np",
         "2",
         "-H",

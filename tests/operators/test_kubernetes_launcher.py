@@ -136,6 +136,7 @@ def test_mpijob_manifest():
     hosts = ",".join(f"hvd-train-1234-worker-{i}.hvd-train-1234.ml.svc:2" for i in (0, 1))
     assert launcher["command"] == [
         "horovodrun",
+        "--gloo",
         "-np",
         "4",
         "-H",
@@ -414,8 +415,8 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
     host = f"{name}-worker-0.{name}.ml.svc:1"
-    assert command[:5] == ["horovodrun", "-np", "1", "-H", host]
-    program = command[5 + len(RANK_ENV_WRAPPER) :]
+    assert command[:6] == ["horovodrun", "--gloo", "-np", "1", "-H", host]
+    program = command[6 + len(RANK_ENV_WRAPPER) :]
     assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
     assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
     # Credentials reach the rank through the Secret, never the manifest.

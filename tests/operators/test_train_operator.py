@@ -70,9 +70,9 @@ def test_templates_render_and_num_proc_is_validated_after_rendering():
     )
     spec, _ = op.build_spec(ctx)
     assert spec.num_proc == 2
-    assert spec.argv[:5] == ["horovodrun", "-np", "2", "-H", "localhost:2"]
-    assert spec.argv[5:9] == list(RANK_ENV_WRAPPER)
-    assert spec.argv[9:] == [
+    assert spec.argv[:6] == ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2"]
+    assert spec.argv[6:10] == list(RANK_ENV_WRAPPER)
+    assert spec.argv[10:] == [
         *PROGRAM,
         "--data",
         "s3://b/datasets/x",
@@ -85,6 +85,18 @@ def test_templates_render_and_num_proc_is_validated_after_rendering():
     op.num_proc = "two"  # what a bad template renders to
     with pytest.raises(ValueError, match="num_proc must be an integer ≥ 1, got 'two'"):
         op.build_spec(ctx)
+
+
+def test_the_controller_reaches_every_launcher():
+    """`controller` is horovodrun's flag on the worker and in the job spec the container and
+    MPIJob launchers build their horovodrun command from."""
+    ctx = context(run_id="r1")
+    op = train_op(controller="mpi", entrypoint=PROGRAM, aws_conn_id=None, preflight=False)
+    local, _ = op.build_spec(ctx)
+    assert local.argv[:2] == ["horovodrun", "--mpi"] and local.controller == "mpi"
+    op = train_op(launcher="docker", image="hva/trainer:1", controller="auto", aws_conn_id=None)
+    docker, _ = op.build_spec(ctx)
+    assert docker.controller == "auto" and docker.argv[0] != "horovodrun"
 
 
 @pytest.mark.parametrize(
@@ -105,6 +117,7 @@ def test_templates_render_and_num_proc_is_validated_after_rendering():
         ({"env": {"BAD NAME": "x"}}, "env: 'BAD NAME' is not a valid environment variable"),
         ({"ssh_port": 70000}, "ssh_port must be a TCP port"),
         ({"metric_key": ""}, "metric_key must be a non-empty string"),
+        ({"controller": "nccl"}, "controller must be one of ['auto', 'gloo', 'mpi'], got 'nccl'"),
     ],
 )
 def test_bad_arguments_are_named_at_parse_time(kwargs, message):
