@@ -90,3 +90,97 @@ def test_no_fingerprint_no_cache(fake, tmp_path):
     _preflight(fake)
     assert _calls(fake) == 2
     assert not (tmp_path / "cache").exists()
+
+
+def _verified_launch(tmp_path: Path, doctor_lines: list[str], shebang: str | None = None,
+                     controller: str = "gloo") -> list[str]:  # fmt: skip
+    """What the local launcher would start after a doctor that printed ``doctor_lines``."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python"
+    python.write_text(f"#!/bin/sh\nexec /bin/cat {bin_dir / 'doctor.out'}\n")
+    python.chmod(0o755)
+    horovodrun = bin_dir / "horovodrun"
+    horovodrun.write_text(f"#!{shebang or python}\nimport sys\n")
+    horovodrun.chmod(0o755)
+    lines = [line.replace("{horovodrun}", str(horovodrun)) for line in doctor_lines]
+    (bin_dir / "doctor.out").write_text("\n".join(lines) + "\n")
+    env = {"PATH": str(bin_dir), PREFLIGHT_CACHE_VAR: "off"}
+    flags = {"gloo": ["--gloo"], "mpi": ["--mpi"], "auto": []}[controller]
+    spec = JobSpec(
+        name="t",
+        argv=["horovodrun", *flags, "-np", "2", "-H", "localhost:2", "prog"],
+        env=env,
+        num_proc=2,
+        preflight_argv=["python", "-m", "trainer", "doctor", "--np", "2"],
+        controller=controller,
+    )
+    launcher = LocalLauncher()
+    launcher.preflight(spec, logging.getLogger("test"))
+    argv, _ = launcher.launch_argv(spec, {**env, "PATH": str(bin_dir)})
+    return argv
+
+
+DOCTOR_OK = ["gloo_built: True", "horovodrun: {horovodrun}", "2 rank(s) x 0 GPU(s): can start"]
+
+
+def test_a_doctor_verified_gloo_spares_horovodrun_its_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv(PREFLIGHT_CACHE_VAR, "off")
+    argv = _verified_launch(tmp_path, DOCTOR_OK)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert argv[:2] == [python, "-c"] and "launch.gloo_built = lambda" in argv[2]
+    assert argv[3:] == ["--gloo", "-np", "2", "-H", "localhost:2", "prog"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "shebang", "controller"),
+    [
+        (["gloo_built: False", "horovodrun: {horovodrun}"], None, "gloo"),  # no Gloo
+        (["gloo_built: True", "horovodrun: /elsewhere/horovodrun"], None, "gloo"),  # other one
+        (DOCTOR_OK, "/usr/bin/python3", "gloo"),  # horovodrun runs in another interpreter
+        (DOCTOR_OK, None, "auto"),  # horovodrun chooses the controller itself
+        (DOCTOR_OK, None, "mpi"),
+    ],
+)
+def test_horovodrun_runs_as_is_unless_the_doctor_verified_that_very_one(
+    tmp_path, monkeypatch, lines, shebang, controller
+):
+    monkeypatch.setenv(PREFLIGHT_CACHE_VAR, "off")
+    argv = _verified_launch(tmp_path, lines, shebang, controller)
+    assert argv[0] == "horovodrun"
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str, *args: object) -> None:
+        self.lines.append(msg % args if args else msg)
+
+    warning = error = info
+
+
+@pytest.mark.slow
+def test_the_real_doctor_and_horovodrun_start_two_ranks_without_the_probe(tmp_path, monkeypatch):
+    """The real doctor, then 2 real ranks through horovodrun's entry point without its probe."""
+    import sys
+
+    from operators.command import Host, horovodrun_argv
+
+    monkeypatch.setenv(PREFLIGHT_CACHE_VAR, str(tmp_path / "cache"))
+    program = [sys.executable, "-c", "import horovod.torch as hvd; hvd.init(); "
+               "print('RANK', hvd.rank(), 'OF', hvd.size(), flush=True)"]  # fmt: skip
+    spec = JobSpec(
+        name="t",
+        argv=horovodrun_argv(program, num_proc=2, hosts=[Host("localhost", 2)]),
+        num_proc=2,
+        preflight_argv=[sys.executable, "-m", "trainer", "doctor", "--np", "2"],
+    )
+    log = _Log()
+    launcher = LocalLauncher()
+    launcher.preflight(spec, log)
+    result = launcher.run(spec, log)
+    text = "\n".join(log.lines)
+    assert result.exit_code == 0, text
+    assert "without its Gloo probe" in text
+    assert "RANK 0 OF 2" in text and "RANK 1 OF 2" in text
