@@ -91,6 +91,7 @@ def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
         (train_throughput, ["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
         (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
+        (pipeline_overhead, ["--repeat", "0"], "--repeat must be an integer >= 1, got 0"),
         (one_epoch, ["--np", "0"], "--np must be >= 1, got 0"),
         (precision, ["--np", "0"], "--np must be an integer >= 1, got 0"),
         (precision, ["--steps", "0"], "--steps must be an integer >= 1, got 0"),
@@ -249,8 +250,15 @@ def test_time_to_accuracy_speedups_come_from_the_epoch_times() -> None:
     not (REPO / "scripts" / "run_pipeline.py").is_file(), reason="the pipeline runner is absent"
 )
 def test_pipeline_overhead_quick(tmp_path: Path) -> None:
-    pipeline_overhead.main(["--quick", "--results-dir", str(tmp_path), "--workdir", str(tmp_path)])
+    pipeline_overhead.main(
+        ["--quick", "--repeat", "2", "--results-dir", str(tmp_path), "--workdir", str(tmp_path)]
+    )
     markdown, data = _results(tmp_path, "pipeline_overhead_quick")
+    # Two runs, each in its own folder; the table is the lower middle one's.
+    assert [p.name for p in sorted(tmp_path.glob("pipeline-*"))] == ["pipeline-1", "pipeline-2"]
+    runs = sorted(r["orchestration_seconds"] for r in data["runs"])
+    assert len(runs) == 2 and data["orchestration_seconds"] == runs[0]
+    assert "median of 2 runs" in markdown and "run 2: DAG" in markdown
     tasks = {t["task_id"]: t for t in data["tasks"]}
     assert tasks["train"]["state"] == "success"
     assert 0 < data["train_seconds"] < tasks["train"]["seconds"]  # the task wraps the training
