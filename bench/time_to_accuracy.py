@@ -3,17 +3,20 @@
 Both run in this one invocation, one after the other, on the full vendored MNIST (60,000
 train / 10,000 test) with ``horovodrun -np 2``:
 
-- **ours**: ``python -m trainer train`` with its defaults, on a staged dataset folder;
+- **ours**: ``python -m trainer train`` with its defaults, on a staged dataset folder, once
+  per ``--seeds`` value (default 42, the trainer's own, then 1 and 2);
 - **demo**: the original recipe (``bench.demo_baseline``: per-sample transforms, batch 64,
   Adam lr 0.001 × 2, torch default threads, 3 epochs), with allreduced accuracy.
 
 Time to target = seconds from launching ``horovodrun`` to the end of the validation of the
 first epoch whose allreduced accuracy on all 10,000 test images is ≥ 99.0 % (startup, data
 loading and all earlier epochs included; for ours, the arrival of rank 0's JSON epoch event).
+The speed-up is the demo's time over our *slowest* seed's: every seed must reach the target.
 Run from the repository root (takes ~12 minutes on 2 cores, most of it the demo)::
 
     python -m bench.time_to_accuracy
     python -m bench.time_to_accuracy --quick        # tiny subsets, 1 epoch (the smoke test)
+    python -m bench.time_to_accuracy --seeds 42     # one seed of ours
 """
 
 from __future__ import annotations
@@ -109,10 +112,14 @@ def in_loop_seconds(epochs: list[dict[str, Any]], through_epoch: int) -> float:
 def render(data: dict[str, Any]) -> str:
     """The Markdown of a run, from its saved JSON (``--render`` rebuilds it without re-running)."""
     ours, demo = data["ours"], data["demo"]
+    seeds = data.get("ours_seeds") or [ours]  # a saved run from before --seeds: one seed
     np = ours["world_size"]
     rows, times = [], {}
-    for key, label in (("ours", "ours (trainer defaults)"), ("demo", "demo recipe")):
-        r = data[key]
+    recipes = [(f"ours_{i}", r) for i, r in enumerate(seeds)] + [("demo", demo)]
+    for key, r in recipes:
+        label = "demo recipe"
+        if key != "demo":
+            label = f"ours (trainer defaults), seed {r['config'].get('seed')}"
         ttt = r["time_to_target"]
         if ttt:
             times[key] = (ttt["seconds"], in_loop_seconds(r["epochs"], ttt["epoch"]))
@@ -138,26 +145,38 @@ def render(data: dict[str, Any]) -> str:
         "wall time (s)",
         "best train samples/s",
     ]
-    if "ours" in times and "demo" in times:
+    reached = sum(1 for i in range(len(seeds)) if f"ours_{i}" in times)
+    all_reached = reached == len(seeds)
+    if all_reached:
+        slowest = max((times[f"ours_{i}"] for i in range(len(seeds))), key=lambda t: t[0])
+        times["ours"] = slowest
+    seeds_line = (
+        f" Ours reached {100 * TARGET_ACCURACY:.1f} % on {reached} of {len(seeds)} seed(s); "
+        "the speed-up is against the slowest."
+    )
+    if all_reached and "demo" in times:
         launch = times["demo"][0] / times["ours"][0]
         loop = times["demo"][1] / times["ours"][1]
         met = "met" if launch >= TARGET_SPEEDUP else "MISSED"
         verdict = (
             f"Speed-up to {100 * TARGET_ACCURACY:.1f} %: **{launch:.1f}×** from launch "
             f"(target ≥ {TARGET_SPEEDUP:.0f}×: {met}); {loop:.1f}× counting only the training "
-            "loops (without process start-up, imports and data loading)."
+            "loops (without process start-up, imports and data loading)." + seeds_line
         )
-    elif "ours" in times:  # the demo ended below the target: its wall time bounds the speed-up
+    elif all_reached:  # the demo ended below the target: its wall time bounds the speed-up
         bound = demo["wall_seconds"] / times["ours"][0]
         met = "met" if bound >= TARGET_SPEEDUP else "MISSED"
         verdict = (
             f"Speed-up to {100 * TARGET_ACCURACY:.1f} %: **more than {bound:.1f}×** from launch "
             f"(target ≥ {TARGET_SPEEDUP:.0f}×: {met}): the demo had not reached "
             f"{100 * TARGET_ACCURACY:.1f} % when its {len(demo['epochs'])} epochs ended after "
-            f"{demo['wall_seconds']:.0f} s, so its time to target is longer than that."
+            f"{demo['wall_seconds']:.0f} s, so its time to target is longer than that." + seeds_line
         )
     else:
-        verdict = "Speed-up: not computable (our recipe did not reach the target)."
+        verdict = (
+            "Speed-up: not computable (not every seed of our recipe reached the target)."
+            + seeds_line
+        )
     per_epoch = {
         key: sum(e["epoch_seconds"] for e in data[key]["epochs"]) / len(data[key]["epochs"])
         for key in ("ours", "demo")
@@ -196,8 +215,11 @@ def render(data: dict[str, Any]) -> str:
 
 
 def speedup_from_launch(data: dict[str, Any]) -> float | None:
-    ours, demo = data["ours"]["time_to_target"], data["demo"]["time_to_target"]
-    return demo["seconds"] / ours["seconds"] if ours and demo else None
+    demo = data["demo"]["time_to_target"]
+    seeds = data.get("ours_seeds") or [data["ours"]]
+    if not demo or any(r["time_to_target"] is None for r in seeds):
+        return None
+    return float(demo["seconds"] / max(r["time_to_target"]["seconds"] for r in seeds))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--demo-epochs", type=int, default=3, help="the demo's 3 by default")
     parser.add_argument("--quick", action="store_true", help="tiny subsets, 1 epoch each")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[42, 1, 2], help="our runs' seeds (42 1 2)"
+    )
     parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument(
@@ -231,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             ours_args = ["--epochs", "1", "--max-train-samples", "1024"]
             ours_args += ["--max-val-samples", "256"]
             demo_kwargs = {"epochs": 1, "train_samples": 512, "val_samples": 256}
-        ours = run_ours(workdir / "ours", np=args.np, extra_args=ours_args)
+        seeds = [
+            run_ours(workdir / f"ours-seed{seed}", np=args.np,
+                     extra_args=[*ours_args, "--seed", str(seed)])
+            for seed in args.seeds
+        ]  # fmt: skip
+        ours = seeds[0]
         load_between = load_average()
         demo = run_demo(workdir / "demo", np=args.np, **demo_kwargs)
     demo["epochs"] = [
@@ -242,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "target_accuracy": TARGET_ACCURACY,
         "ours": ours,
+        "ours_seeds": seeds,
         "demo": demo,
         "load_average_before_demo": load_between,
     }

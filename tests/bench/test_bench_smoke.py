@@ -180,15 +180,18 @@ def test_precision_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_time_to_accuracy_quick(tmp_path: Path) -> None:
-    time_to_accuracy.main(["--quick", "--results-dir", str(tmp_path)])
+    time_to_accuracy.main(["--quick", "--seeds", "42", "1", "--results-dir", str(tmp_path)])
     markdown, data = _results(tmp_path, "time_to_accuracy_quick")
+    assert [r["config"]["seed"] for r in data["ours_seeds"]] == [42, 1]
+    assert data["ours"] == data["ours_seeds"][0]
     for recipe in ("ours", "demo"):
         r = data[recipe]
         (epoch,) = r["epochs"]
         assert 0.0 <= epoch["val_accuracy"] <= 1.0
         assert 0 < epoch["ended_after"] <= r["wall_seconds"]
     assert data["ours"]["config"]["max_train_samples"] == 1024
-    assert "| ours (trainer defaults) | 1 |" in markdown
+    assert "| ours (trainer defaults), seed 42 | 1 |" in markdown
+    assert "| ours (trainer defaults), seed 1 | 1 |" in markdown
     # --render rebuilds the same Markdown from the saved JSON, without running anything.
     (tmp_path / "time_to_accuracy_quick.md").unlink()
     time_to_accuracy.main(["--render", str(tmp_path / "time_to_accuracy_quick.json")])
@@ -242,7 +245,23 @@ def test_time_to_accuracy_speedups_come_from_the_epoch_times() -> None:
     assert "**more than 9.1×** from launch (target ≥ 10×: MISSED)" in markdown
     assert "its 3 epochs ended after 640 s" in markdown
     data["ours"]["time_to_target"] = None
-    assert "not computable (our recipe did not reach the target)" in time_to_accuracy.render(data)
+    assert "not computable (not every seed of our recipe reached the target)" in (
+        time_to_accuracy.render(data)
+    )
+
+    # Several seeds: the speed-up is against the slowest, and every seed must reach 99 %.
+    data["demo"] = recipe([(0.98, 200.0, 230.0), (0.9904, 200.0, 630.0)], 640)
+    fast = recipe([(0.991, 20.0, 30.0)], 40.0)
+    slow = recipe([(0.985, 20.0, 40.0), (0.991, 20.0, 63.0)], 70.0)
+    data["ours"], data["ours_seeds"] = fast, [fast, slow]
+    markdown = time_to_accuracy.render(data)
+    assert "**10.0×** from launch (target ≥ 10×: met)" in markdown
+    assert "reached 99.0 % on 2 of 2 seed(s); the speed-up is against the slowest" in markdown
+    assert time_to_accuracy.speedup_from_launch(data) == pytest.approx(10.0)
+    slow["time_to_target"] = None
+    markdown = time_to_accuracy.render(data)
+    assert "not computable" in markdown and "on 1 of 2 seed(s)" in markdown
+    assert time_to_accuracy.speedup_from_launch(data) is None
 
 
 @pytest.mark.slow
