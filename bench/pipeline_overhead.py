@@ -39,6 +39,7 @@ from typing import Any
 
 from bench.datasets import stage_local_dataset
 from bench.report import REPO, machine, machine_line, md_table, rank_env, write_results
+from trainer.layout import CHECKPOINT_NAME, METRICS_NAME, PARITY_NAME
 
 PIPELINE = REPO / "scripts" / "run_pipeline.py"
 DAG_ID = "mnist_horovod_retrain"
@@ -72,14 +73,14 @@ def task_durations(airflow_db: Path) -> tuple[list[dict[str, Any]], float | None
 
 def export_seconds(published: Path, workdir: Path) -> tuple[float, str]:
     """The exporter's own time: recorded in parity.json, else a standalone re-run's wall."""
-    parity = json.loads((published / "parity.json").read_text())
+    parity = json.loads((published / PARITY_NAME).read_text())
     for key in ("export_seconds", "seconds"):
         if isinstance(parity.get(key), int | float):
             return float(parity[key]), f"parity.json {key}"
     # The pipeline's S3 server is gone: re-run on the vendored MNIST, staged locally.
     data_dir = stage_local_dataset(workdir / "export-data")
     cmd = [sys.executable, "-m", "trainer", "export", "--checkpoint"]
-    cmd += [str(published / "checkpoint.pt"), "--output", str(workdir / "export-rerun")]
+    cmd += [str(published / CHECKPOINT_NAME), "--output", str(workdir / "export-rerun")]
     cmd += ["--data", str(data_dir)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=900)
@@ -125,7 +126,7 @@ def measure_once(
         if not versions:
             raise RuntimeError(f"the pipeline published nothing under {out / 'published'}")
         published = versions[0]
-        metrics = json.loads((published / "metrics.json").read_text())
+        metrics = json.loads((published / METRICS_NAME).read_text())
         export_s, export_source = export_seconds(published, Path(out))
     dag_wall = dag_seconds or pipeline["dag_test_seconds_printed"]
     if dag_wall is None:

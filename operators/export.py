@@ -18,6 +18,7 @@ from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from operators.exceptions import HorovodTrainingError
 from operators.job import HorovodJobOperatorBase, check_launcher, is_templated, job_name
 from operators.launchers.base import JobSpec
+from trainer.layout import ONNX_NAME, PARITY_NAME
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -114,13 +115,13 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         """Read ``<output>/parity.json``; raise when it failed and ``require_parity`` is set."""
         from trainer import storage
 
-        parity_uri = storage.join(self.output_uri, "parity.json")
-        parity = self.read_json(parity_uri, "parity.json")
+        parity_uri = storage.join(self.output_uri, PARITY_NAME)
+        parity = self.read_json(parity_uri, PARITY_NAME)
         missing = [k for k in ("max_abs_diff", "argmax_mismatches", "passed") if k not in parity]
         if missing:
             raise HorovodTrainingError(f"parity.json at {parity_uri} lacks {missing}")
         result = {
-            "onnx_uri": storage.join(self.output_uri, "model.onnx"),
+            "onnx_uri": storage.join(self.output_uri, ONNX_NAME),
             "parity_uri": parity_uri,
             "max_abs_diff": self.number_or_none(parity["max_abs_diff"], "max_abs_diff", parity_uri),
             "argmax_mismatches": self.number_or_none(

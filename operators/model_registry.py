@@ -31,11 +31,20 @@ from typing import Any
 
 from operators.exceptions import ChampionChangedError, PublishRefusedError
 from trainer import storage
+from trainer.layout import (
+    CHECKPOINT_NAME,
+    CURVES_NAME,
+    GATE_NAME,
+    LATEST_NAME,
+    METRICS_NAME,
+    ONNX_NAME,
+    PARITY_NAME,
+    SUMMARY_NAME,
+    VERSION_MANIFEST_NAME,
+)
 
 log = logging.getLogger(__name__)
 
-LATEST = "latest.json"
-MANIFEST = "manifest.json"
 FORMAT = "horovod-airflow/model-v1"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: Characters of the readable part of a key, and of the hash of the exact value after it.
@@ -65,7 +74,7 @@ def models_prefix(bucket_uri: str, model_name: str) -> str:
 
 
 def latest_uri(bucket_uri: str, model_name: str) -> str:
-    return storage.join(models_prefix(bucket_uri, model_name), LATEST)
+    return storage.join(models_prefix(bucket_uri, model_name), LATEST_NAME)
 
 
 def read_latest(
@@ -125,7 +134,7 @@ def write_latest(
 
         path = Path(loc.key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(LATEST + ".lock"), "a") as lock:
+        with open(path.with_name(LATEST_NAME + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current = storage.sha256_bytes(path.read_bytes()) if path.is_file() else None
             if current != expected_etag:
@@ -330,7 +339,7 @@ def gate_challenger(
         champion_etag=etag,
     )
     storage.write_text(
-        storage.join(metrics["output"], "gate.json"),
+        storage.join(metrics["output"], GATE_NAME),
         json.dumps(decision.as_dict(), indent=2),
         client=client,
     )
@@ -467,8 +476,8 @@ def _latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -
         "version": manifest["version"],
         "uri": prefix,
         "manifest_uri": manifest_uri,
-        "onnx_uri": manifest["files"]["model.onnx"]["uri"],
-        "onnx_sha256": manifest["files"]["model.onnx"]["sha256"],
+        "onnx_uri": manifest["files"][ONNX_NAME]["uri"],
+        "onnx_sha256": manifest["files"][ONNX_NAME]["sha256"],
         "val_accuracy": manifest["metrics"]["val_accuracy"],
         "dataset_uri": manifest["dataset"].get("uri"),
         "dataset_content_hash": manifest["dataset"].get("content_hash"),
@@ -514,7 +523,7 @@ def publish_model(
     if _SAFE.search(version) or version.strip("._-") != version:
         raise PublishRefusedError(f"refusing to publish: {version!r} is not a safe version name")
     prefix = storage.join(models_prefix(bucket_uri, model_name), version)
-    manifest_uri = storage.join(prefix, MANIFEST)
+    manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
 
     current, _ = read_latest(bucket_uri, model_name, client=client)
     if current and current.get("version") == version and current.get("dag_run_id") == dag_run_id:
@@ -578,27 +587,25 @@ def _copy_version(
 ) -> dict[str, Any]:
     """Copy the run's files under ``prefix`` and return the manifest (not yet written)."""
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
-    metrics = json.loads(storage.read_text(storage.join(run_output, "metrics.json"), client=client))
+    metrics = json.loads(storage.read_text(storage.join(run_output, METRICS_NAME), client=client))
     parity = json.loads(storage.read_text(parity_uri, client=client))
     if not parity.get("passed"):
         raise PublishRefusedError(f"refusing to publish: ONNX parity failed ({parity})")
     sources = {
-        "model.onnx": onnx_uri,
-        "checkpoint.pt": metrics.get("artifacts", {}).get("checkpoint")
-        or storage.join(run_output, "checkpoint.pt"),
-        "metrics.json": storage.join(run_output, "metrics.json"),
-        "parity.json": parity_uri,
+        ONNX_NAME: onnx_uri,
+        CHECKPOINT_NAME: metrics.get("artifacts", {}).get("checkpoint")
+        or storage.join(run_output, CHECKPOINT_NAME),
+        METRICS_NAME: storage.join(run_output, METRICS_NAME),
+        PARITY_NAME: parity_uri,
     }
     files: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="hva-publish-") as tmp:
         local: dict[str, Path] = {}
         for name, src in sources.items():
             local[name] = storage.download_file(src, Path(tmp) / name, client=client)
-        (Path(tmp) / "training_curves.png").write_bytes(
-            render_training_curves(metrics.get("history", []))
-        )
-        local["training_curves.png"] = Path(tmp) / "training_curves.png"
-        (Path(tmp) / "summary.md").write_text(
+        (Path(tmp) / CURVES_NAME).write_bytes(render_training_curves(metrics.get("history", [])))
+        local[CURVES_NAME] = Path(tmp) / CURVES_NAME
+        (Path(tmp) / SUMMARY_NAME).write_text(
             render_summary(
                 model_name=model_name,
                 version=version,
@@ -610,7 +617,7 @@ def _copy_version(
                 published_at=published_at,
             )
         )
-        local["summary.md"] = Path(tmp) / "summary.md"
+        local[SUMMARY_NAME] = Path(tmp) / SUMMARY_NAME
         for name, path in local.items():
             uri = storage.upload_file(path, storage.join(prefix, name), client=client)
             files[name] = {

@@ -67,8 +67,8 @@ def open_published_model(
     import onnxruntime as ort
 
     manifest = json.loads(storage.read_text(published["manifest_uri"], client=client))
-    expected = manifest["files"]["model.onnx"]["sha256"]
-    path = storage.download_file(published["onnx_uri"], workdir / "model.onnx", client=client)
+    expected = manifest["files"][layout.ONNX_NAME]["sha256"]
+    path = storage.download_file(published["onnx_uri"], workdir / layout.ONNX_NAME, client=client)
     actual = storage.sha256_file(path)
     claimed = published.get("onnx_sha256", expected)
     if actual != expected or claimed != expected:
@@ -144,13 +144,13 @@ def smoke_test_published_model(
     """
     source = "asset event"
     if published is None:
-        source = "latest.json"
+        source = layout.LATEST_NAME
         published = read_champion(bucket_uri, model_name, client=client)
         if published is None:
             raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
     with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
-        actual = storage.sha256_file(Path(tmp) / "model.onnx")
+        actual = storage.sha256_file(Path(tmp) / layout.ONNX_NAME)
     images, labels = load_test_images(sample_count)
     predictions = predict(session, images)
     correct = int((predictions == labels).sum())

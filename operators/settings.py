@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 
+from trainer.layout import LATEST_NAME
+
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
 BUCKET_URI = f"s3://{BUCKET}"
@@ -28,5 +30,5 @@ DEFAULT_NUM_PROC = int(os.environ.get("HVA_NUM_PROC", "2"))
 GPUS_PER_PROC = int(os.environ.get("HVA_GPUS_PER_PROC", "0"))
 DOCKER_NETWORK = os.environ.get("HVA_DOCKER_NETWORK") or None
 #: The Asset URI of the serving pointer that ``publish`` writes last.
-LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/latest.json"
+LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"

@@ -23,6 +23,7 @@ from operators.command import (
 from operators.exceptions import HorovodConfigError, HorovodTrainingError, TrainingCompletedError
 from operators.job import HorovodJobOperatorBase, as_int, check_launcher, is_templated, job_name
 from operators.launchers.base import JobSpec
+from trainer.layout import CHECKPOINT_NAME, METRICS_NAME
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -150,7 +151,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         """On a later try, raise :class:`TrainingCompletedError` if metrics.json is there."""
         from trainer import storage
 
-        metrics_uri = storage.join(self.output_uri, "metrics.json")
+        metrics_uri = storage.join(self.output_uri, METRICS_NAME)
         if storage.exists(metrics_uri, client=self.s3_client_for(metrics_uri)):
             raise TrainingCompletedError(
                 f"try {try_number}: the training of this run already completed "
@@ -240,8 +241,8 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         """Read ``<output>/metrics.json`` (not stdout) and return the small XCom dict."""
         from trainer import storage
 
-        metrics_uri = storage.join(self.output_uri, "metrics.json")
-        metrics = self.read_json(metrics_uri, "metrics.json")
+        metrics_uri = storage.join(self.output_uri, METRICS_NAME)
+        metrics = self.read_json(metrics_uri, METRICS_NAME)
         if self.metric_key not in metrics:
             raise HorovodTrainingError(
                 f"metrics.json at {metrics_uri} has no {self.metric_key!r} (metric_key); "
@@ -256,10 +257,10 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         artifacts = metrics.get("artifacts") or {}
         checkpoint = artifacts.get("checkpoint") if isinstance(artifacts, dict) else None
         if checkpoint is None and storage.exists(
-            storage.join(self.output_uri, "checkpoint.pt"),
+            storage.join(self.output_uri, CHECKPOINT_NAME),
             client=self.s3_client_for(self.output_uri),
         ):
-            checkpoint = storage.join(self.output_uri, "checkpoint.pt")
+            checkpoint = storage.join(self.output_uri, CHECKPOINT_NAME)
         result.update(output=self.output_uri, metrics_uri=metrics_uri, checkpoint_uri=checkpoint)
         self.log.info("metrics: %s", result)
         return result

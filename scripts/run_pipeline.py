@@ -124,6 +124,7 @@ def _run(conf: dict, out: Path) -> int:
     from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag
     from operators.model_registry import read_champion
     from trainer import storage
+    from trainer.layout import GATE_NAME, LATEST_NAME, METRICS_NAME
 
     dag = retrain_dag
     start = time.monotonic()
@@ -137,7 +138,7 @@ def _run(conf: dict, out: Path) -> int:
     client = storage.s3_client()
     run_prefix = f"{BUCKET_URI}/runs/{dag.dag_id}/"
     metrics_uris = [u for u in storage.list_uris(run_prefix, client=client)
-                    if u.endswith("/metrics.json")]  # fmt: skip
+                    if u.endswith("/" + METRICS_NAME)]  # fmt: skip
     if metrics_uris:
         metrics = json.loads(storage.read_text(metrics_uris[-1], client=client))
         print(
@@ -145,7 +146,7 @@ def _run(conf: dict, out: Path) -> int:
             f"{metrics['val_accuracy']:.4%} ({metrics['val_correct']}/{metrics['val_samples']}) "
             f"after {metrics['epochs']} epochs, {metrics['train_seconds']:.0f}s of training"
         )
-        gate_uri = metrics_uris[-1].rsplit("/", 1)[0] + "/gate.json"
+        gate_uri = storage.join(metrics_uris[-1].rsplit("/", 1)[0], GATE_NAME)
         if storage.exists(gate_uri, client=client):
             gate = json.loads(storage.read_text(gate_uri, client=client))
             print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'} — {gate['reason']}")
@@ -154,7 +155,7 @@ def _run(conf: dict, out: Path) -> int:
         dest = out / "published" / latest["version"]
         for uri in storage.list_uris(latest["uri"], client=client):
             storage.download_file(uri, dest / uri.rsplit("/", 1)[-1], client=client)
-        storage.write_text(str(out / "published" / "latest.json"), json.dumps(latest, indent=2))
+        storage.write_text(str(out / "published" / LATEST_NAME), json.dumps(latest, indent=2))
         print(f"model: {latest['onnx_uri']} (version {latest['version']})")
         print(f"copied to {dest}/ (model.onnx, summary.md, training_curves.png, manifest.json)")
     else:

@@ -21,12 +21,11 @@ from typing import Any
 
 from trainer import data, storage
 from trainer.config import TrainConfig
+from trainer.layout import ONNX_NAME, PARITY_NAME
 from trainer.model import INPUT_SHAPE, NORMALIZE_MEAN, NORMALIZE_STD, build_model
 from trainer.train import load_checkpoint
 
 TOLERANCE = 1e-4
-MODEL_NAME = "model.onnx"
-PARITY_NAME = "parity.json"
 
 
 class ParityError(RuntimeError):
@@ -109,9 +108,9 @@ def run_export(
         "dataset_content_hash": str(state["dataset"]["content_hash"]),
     }
     with tempfile.TemporaryDirectory(prefix="hva-export-") as tmp:
-        path = Path(tmp) / MODEL_NAME
+        path = Path(tmp) / ONNX_NAME
         export_onnx(model, path, metadata)
-        extra = sorted(p.name for p in Path(tmp).iterdir() if p.name != MODEL_NAME)
+        extra = sorted(p.name for p in Path(tmp).iterdir() if p.name != ONNX_NAME)
         if extra:
             raise RuntimeError(f"ONNX export wrote side files {extra}; expected one file")
         report = parity(model, path, images, labels)
@@ -119,7 +118,7 @@ def run_export(
             checkpoint=checkpoint,
             dataset=dataset.uri,
             model_bytes=path.stat().st_size,
-            model_uri=storage.join(output, MODEL_NAME),
+            model_uri=storage.join(output, ONNX_NAME),
             # load + export + parity check, the exporter's own time (bench/pipeline_overhead)
             export_seconds=round(time.perf_counter() - start, 3),
         )

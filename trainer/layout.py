@@ -34,7 +34,19 @@ from typing import Any
 from trainer.storage import sha256_file
 
 FORMAT = "horovod-airflow/dataset-v1"
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
+
+# The files of a run and of a published version, the one home of their names for both sides
+# (the trainer writes them; operators, DAGs and benchmarks read and copy them).
+CHECKPOINT_NAME = "checkpoint.pt"  # written by rank 0 after each epoch
+METRICS_NAME = "metrics.json"  # written by rank 0 at the end: the allreduced metrics
+ONNX_NAME = "model.onnx"  # written by the export, only when parity holds
+PARITY_NAME = "parity.json"  # written by the export: onnxruntime against PyTorch
+GATE_NAME = "gate.json"  # the gate's decision, next to metrics.json
+VERSION_MANIFEST_NAME = "manifest.json"  # a published version's files, sha256 and metrics
+LATEST_NAME = "latest.json"  # the registry's pointer to the version serving uses
+CURVES_NAME = "training_curves.png"  # a published version's loss and accuracy curves
+SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
 SPLITS = ("train", "test")
 # The four files of an MNIST-format dataset, by (split, kind); the names torchvision uses.
 STEMS = {

@@ -25,15 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import data, storage
 from trainer.config import ConfigError, TrainConfig, lr_at
-from trainer.layout import DatasetError, DatasetIntegrityError
+from trainer.layout import CHECKPOINT_NAME, METRICS_NAME, DatasetError, DatasetIntegrityError
 from trainer.model import build_model
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-CHECKPOINT_NAME = "checkpoint.pt"
-METRICS_NAME = "metrics.json"
 CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"
 
 
