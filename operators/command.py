@@ -150,6 +150,15 @@ def program_argv(
 CONTROLLER_FLAGS = {"gloo": ["--gloo"], "mpi": ["--mpi"], "auto": []}
 
 
+def check_controller(controller: str) -> str:
+    """``controller`` if it is one of ``CONTROLLER_FLAGS``, else ValueError naming them."""
+    if controller not in CONTROLLER_FLAGS:
+        raise ValueError(
+            f"controller must be one of {sorted(CONTROLLER_FLAGS)}, got {controller!r}"
+        )
+    return controller
+
+
 def horovodrun_argv(
     program: Sequence[str],
     *,
@@ -163,11 +172,7 @@ def horovodrun_argv(
     controller: str = "gloo",
 ) -> list[str]:
     """``horovodrun --gloo|--mpi -np N -H h:s,... [-p P] [--ssh-identity-file F] …``."""
-    if controller not in CONTROLLER_FLAGS:
-        raise ValueError(
-            f"controller must be one of {sorted(CONTROLLER_FLAGS)}, got {controller!r}"
-        )
-    argv = [horovodrun, *CONTROLLER_FLAGS[controller], "-np", str(num_proc)]
+    argv = [horovodrun, *CONTROLLER_FLAGS[check_controller(controller)], "-np", str(num_proc)]
     argv += ["-H", ",".join(str(h) for h in hosts)]
     if ssh_port is not None:
         argv += ["-p", str(ssh_port)]

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from operators.command import (
-    CONTROLLER_FLAGS,
     TRAINER_ENTRYPOINT,
+    check_controller,
     doctor_argv,
     horovodrun_argv,
     is_our_trainer,
@@ -115,10 +115,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             raise ValueError(f"metric_key must be a non-empty string, got {metric_key!r}")
         if ssh_port is not None and not (isinstance(ssh_port, int) and 0 < ssh_port < 65536):
             raise ValueError(f"ssh_port must be a TCP port 1-65535, got {ssh_port!r}")
-        if controller not in CONTROLLER_FLAGS:
-            raise ValueError(
-                f"controller must be one of {sorted(CONTROLLER_FLAGS)}, got {controller!r}"
-            )
+        check_controller(controller)
         if hosts is not None and not is_templated(hosts):
             parse_hosts(hosts, 1)  # raises ValueError naming the bad entry
         self.data = data

@@ -73,7 +73,7 @@ print(json.dumps(out, sort_keys=True))
 """
 
 # horovodrun --gloo first asks whether Horovod was built with Gloo, in a forked process that
-# imports horovod.torch and so torch: ~2.6 s of every job's start on 2 cores. When the
+# imports horovod.torch and so torch: ~2 s of every job's start on 2 cores. When the
 # preflight doctor has just answered that question (``gloo_built: True``) in the very
 # interpreter horovodrun runs in, the launcher starts horovodrun's own entry point in that
 # interpreter with the answer given, instead of asking again. Everything else is horovodrun.
@@ -252,28 +252,28 @@ class LocalLauncher(Launcher):
         python = shutil.which(str(spec.preflight_argv[0]), path=env.get("PATH"))
         self._doctor_python = os.path.abspath(python) if python else None
 
-    def launch_argv(self, spec: JobSpec, env: dict[str, str]) -> tuple[list[str], str]:
-        """The command to start, and why: ``spec.argv``, or horovodrun's entry point run in
+    def launch_argv(self, spec: JobSpec, env: dict[str, str]) -> list[str]:
+        """The command to start: ``spec.argv``, or horovodrun's entry point run in
         horovodrun's own interpreter without its Gloo probe (``VERIFIED_GLOO_HOROVODRUN``)
         when this job's doctor reported ``gloo_built: True`` for that same interpreter and
         that same horovodrun."""
         argv = [str(a) for a in spec.argv]
+        python = self._doctor_python
         if not (
-            spec.distributed and spec.controller == "gloo" and argv[:2] == [HOROVODRUN, "--gloo"]
+            spec.distributed
+            and spec.controller == "gloo"
+            and argv[:2] == [HOROVODRUN, "--gloo"]
+            and python is not None
+            and "gloo_built: True" in self._doctor_lines
         ):
-            return argv, "as built"
-        if "gloo_built: True" not in self._doctor_lines or self._doctor_python is None:
-            return argv, "no doctor verified Gloo for this job"
+            return argv
         found = shutil.which(HOROVODRUN, path=env.get("PATH"))
         horovodrun = os.path.abspath(found) if found else None
         if horovodrun is None or f"horovodrun: {horovodrun}" not in self._doctor_lines:
-            return argv, f"{horovodrun} is not the horovodrun the doctor checked"
-        if _shebang_interpreter(horovodrun) != self._doctor_python:
-            return argv, f"{horovodrun} does not run in the doctor's {self._doctor_python}"
-        return [self._doctor_python, "-c", VERIFIED_GLOO_HOROVODRUN, *argv[1:]], (
-            f"horovodrun's own entry point in {self._doctor_python}, without its Gloo probe "
-            "(the preflight doctor verified gloo_built in that interpreter)"
-        )
+            return argv  # not the horovodrun the doctor checked
+        if _shebang_interpreter(horovodrun) != python:
+            return argv  # it runs in another interpreter than the doctor's
+        return [python, "-c", VERIFIED_GLOO_HOROVODRUN, *argv[1:]]
 
     def _preflight_cache_file(self, argv: Sequence[str], env: dict[str, str]) -> Path | None:
         """Where a pass of this doctor command in this environment is remembered, or None.
@@ -338,9 +338,13 @@ class LocalLauncher(Launcher):
 
         self._marker = f"{os.getpid()}-{secrets.token_hex(8)}"
         env[JOB_MARKER_VAR] = self._marker
-        argv, how = self.launch_argv(spec, env)
+        argv = self.launch_argv(spec, env)
         if argv != list(spec.argv):
-            log.info("starting %s as %s", HOROVODRUN, how)
+            log.info(
+                "starting horovodrun as its own entry point in %s, without its Gloo probe "
+                "(the preflight doctor verified gloo_built in that interpreter)",
+                argv[0],
+            )
         out = LogTail(log, secrets=list(spec.secret_env.values()))
         timer: threading.Timer | None = None
         try:

@@ -117,8 +117,7 @@ def _verified_launch(tmp_path: Path, doctor_lines: list[str], shebang: str | Non
     )
     launcher = LocalLauncher()
     launcher.preflight(spec, logging.getLogger("test"))
-    argv, _ = launcher.launch_argv(spec, {**env, "PATH": str(bin_dir)})
-    return argv
+    return launcher.launch_argv(spec, {**env, "PATH": str(bin_dir)})
 
 
 DOCTOR_OK = ["gloo_built: True", "horovodrun: {horovodrun}", "2 rank(s) x 0 GPU(s): can start"]
