@@ -50,7 +50,15 @@ RUN HOROVOD_GPU_OPERATIONS=NCCL \
 # ---- runtime: the virtualenv and the trainer package, as a non-root user ---------------------
 FROM python:3.11-slim-bookworm AS runtime
 
+# ssh client and server: a Kubeflow MPIJob's launcher reaches its workers over ssh, and each
+# worker runs sshd as the image's user (docker/trainer-sshd_config; port 2222, no root needed):
+#   /usr/sbin/sshd -De -f /etc/ssh/hva_worker_sshd_config
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openssh-client openssh-server \
+ && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 1000 --user-group --shell /bin/bash trainer
+COPY docker/trainer-sshd_config /etc/ssh/hva_worker_sshd_config
 COPY --from=build /opt/venv /opt/venv
 COPY trainer/ /opt/hva/trainer/
 
