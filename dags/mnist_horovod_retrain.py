@@ -79,25 +79,30 @@ def _s3_client() -> Any:
     params={
         "num_proc": Param(DEFAULT_NUM_PROC, type="integer", minimum=1, maximum=512,
                           title="Ranks", description="Horovod ranks (processes); one per GPU."),
-        "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100,
+        "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100, title="Epochs",
                         description="Training epochs; empty = the trainer's tuned default."),
         "batch_size": Param(None, type=["null", "integer"], minimum=1, maximum=8192,
+                            title="Batch size per rank",
                             description="Per-rank batch size; empty = the trainer's default."),
         "lr": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=10,
                     title="Learning rate",
                     description="Base learning rate before world-size scaling; empty = default."),
         "max_train_samples": Param(None, type=["null", "integer"], minimum=1,
-                                   description="Train on a deterministic subset (smoke runs)."),
+                                   title="Training samples",
+                                   description="Train on a deterministic subset of this many "
+                                               "samples (smoke runs); empty = all."),
         "min_accuracy": Param(0.98, type="number", minimum=0, maximum=1,
+                              title="Minimum accuracy",
                               description="Gate floor: allreduced validation accuracy (0-1)."),
         "max_regression": Param(0.005, type="number", minimum=0, maximum=1,
+                                title="Allowed regression",
                                 description="Gate: how much worse than the published model "
                                             "a new one may be (accuracy fraction)."),
         "launcher": Param(DEFAULT_LAUNCHER, type="string",
-                          enum=["local", "docker", "kubernetes"],
+                          enum=["local", "docker", "kubernetes"], title="Launcher",
                           description="Where ranks run: local horovodrun, one GPU container, "
                                       "or a Kubeflow MPIJob."),
-        "dataset_source": Param("vendored", type="string", minLength=1,
+        "dataset_source": Param("vendored", type="string", minLength=1, title="Dataset",
                                 pattern=r"^(vendored|s3://[a-z0-9.\-]{3,63}(/.*)?|/.+)$",
                                 description="'vendored' (the bundled real MNIST), an s3:// "
                                             "prefix, or an absolute local folder of "
