@@ -4,6 +4,7 @@
 #
 #   scripts/engines/podman_engine.sh start    # install podman if missing, serve the Docker API
 #   scripts/engines/podman_engine.sh image    # build (once) the runtime image, print its name
+#   scripts/engines/podman_engine.sh base     # import (once) the Debian minbase image, print its name
 #   scripts/engines/podman_engine.sh env      # print the exports a Docker client needs
 #   scripts/engines/podman_engine.sh status   # exit 0 when the API answers
 #   scripts/engines/podman_engine.sh stop     # stop the API service this script started
@@ -169,6 +170,32 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 EOF
 }
 
+ensure_base() {
+  # The Debian bookworm minbase image every image of ours starts from (no registry needed).
+  podman_ image exists "$base_image" && return 0
+  local root mirror start
+  root=$(mktemp -d "$state/rootfs.XXXXXX")
+  mirror=$(apt_mirror)
+  start=$(date +%s)
+  log "debootstrap bookworm minbase from $mirror (about 30 s)"
+  if ! debootstrap --variant=minbase bookworm "$root" "$mirror" >"$state/debootstrap.log" 2>&1; then
+    rm -rf "$root"
+    unavailable "debootstrap from $mirror failed (mirror unreachable?); see $state/debootstrap.log"
+  fi
+  tar -C "$root" -c . | podman_ import - "$base_image" >/dev/null
+  rm -rf "$root"
+  log "imported $base_image in $(( $(date +%s) - start ))s"
+}
+
+cmd_base() {
+  need_root
+  mkdir -p "$state"
+  [ -f "$conf" ] || write_conf
+  command -v podman >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || install_packages
+  ensure_base
+  echo "$base_image"
+}
+
 cmd_image() {
   need_root
   mkdir -p "$state"
@@ -181,20 +208,7 @@ cmd_image() {
     echo "$image"
     return 0
   fi
-  if ! podman_ image exists "$base_image"; then
-    local root mirror start
-    root=$(mktemp -d "$state/rootfs.XXXXXX")
-    mirror=$(apt_mirror)
-    start=$(date +%s)
-    log "debootstrap bookworm minbase from $mirror (about 30 s)"
-    if ! debootstrap --variant=minbase bookworm "$root" "$mirror" >"$state/debootstrap.log" 2>&1; then
-      rm -rf "$root"
-      unavailable "debootstrap from $mirror failed (mirror unreachable?); see $state/debootstrap.log"
-    fi
-    tar -C "$root" -c . | podman_ import - "$base_image" >/dev/null
-    rm -rf "$root"
-    log "imported $base_image in $(( $(date +%s) - start ))s"
-  fi
+  ensure_base
   local ctx
   ctx=$(mktemp -d "$state/build.XXXXXX")
   containerfile >"$ctx/Containerfile"
@@ -215,5 +229,6 @@ case "${1:-}" in
   status) cmd_status ;;
   env) cmd_env ;;
   image) cmd_image ;;
-  *) die "usage: $0 start|image|env|status|stop (got '${1:-}')" ;;
+  base) cmd_base ;;
+  *) die "usage: $0 start|image|base|env|status|stop (got '${1:-}')" ;;
 esac
