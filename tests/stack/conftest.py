@@ -1,0 +1,130 @@
+"""The production compose stack, up for real on podman: images, services, a user's DAG runs.
+
+The fixtures run the script a user runs (``scripts/engines/compose_stack.sh``) with a state
+folder, project name and ports of the suite's own, so a stack the user has up is untouched.
+The images are shared with the user's (they are cached by a hash of their inputs): a cold
+machine builds them here once (the trainer image: about 20 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO, VENV_BIN, free_port
+
+SCRIPT = REPO / "scripts" / "engines" / "compose_stack.sh"
+UNAVAILABLE_EXIT = 2  # the engine scripts' "this machine cannot run it"
+PROJECT = "hva-stack-test"
+# A cold build of the trainer image takes ~20 min on 2 cores; the stack's start a few minutes.
+BUILD_TIMEOUT = 3600
+UP_TIMEOUT = 1200
+
+
+def load_stack_smoke() -> ModuleType:
+    """scripts/engines/stack_smoke.py: the checks ``compose_stack.sh smoke`` runs."""
+    path = REPO / "scripts" / "engines" / "stack_smoke.py"
+    spec = importlib.util.spec_from_file_location("stack_smoke", path)
+    assert spec is not None and spec.loader is not None
+    if "stack_smoke" in sys.modules:
+        return sys.modules["stack_smoke"]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stack_smoke"] = module  # its dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def compose_stack(command: str, env: dict[str, str], timeout: float) -> str:
+    """Run ``compose_stack.sh COMMAND``; skip (fail in CI) where the engine cannot run here."""
+    if os.geteuid() != 0:
+        pytest.skip(f"compose_stack.sh needs root (rootful podman); uid {os.geteuid()}")
+    done = subprocess.run(
+        ["bash", str(SCRIPT), command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", **env},
+        timeout=timeout,
+    )
+    if done.returncode == UNAVAILABLE_EXIT:
+        pytest.skip(f"compose_stack.sh {command}: {done.stderr.strip()[-800:]}")
+    if done.returncode != 0:
+        pytest.fail(
+            f"compose_stack.sh {command} exited {done.returncode}:\n{done.stderr[-4000:]}",
+            pytrace=False,
+        )
+    return done.stdout
+
+
+@dataclass
+class Stack:
+    """A running stack: its settings file (secrets included) and endpoints."""
+
+    settings: dict[str, str]
+    airflow_url: str
+    state: Path
+    script_env: dict[str, str]
+
+    def podman(self, *args: str) -> str:
+        return subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout
+
+    def containers(self) -> list[str]:
+        out = self.podman(
+            "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+            "--format", "{{.Names}}",
+        )  # fmt: skip
+        return out.split()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Images built (or found current), the stack up; afterwards `down` must leave nothing."""
+    state = tmp_path_factory.mktemp("stack")
+    env = {
+        "HVA_STACK_STATE": str(state),
+        "HVA_STACK_PROJECT": PROJECT,
+        "HVA_STACK_AIRFLOW_PORT": str(free_port()),
+        "HVA_STACK_S3_PORT": str(free_port()),
+    }
+    compose_stack("images", env, BUILD_TIMEOUT)
+    smoke = load_stack_smoke()
+    try:
+        compose_stack("up", env, UP_TIMEOUT)
+        settings = smoke.read_env_file(state / "stack.env")
+        yield Stack(
+            settings=settings,
+            airflow_url=f"http://127.0.0.1:{settings['AIRFLOW_PORT']}",
+            state=state,
+            script_env=env,
+        )
+    finally:
+        if (state / "stack.env").exists():
+            for name in subprocess.run(
+                ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+                 "--format", "{{.Names}}"], capture_output=True, text=True,
+            ).stdout.split():  # fmt: skip
+                logs = subprocess.run(["podman", "logs", "--tail", "15", name],
+                                      capture_output=True, text=True)  # fmt: skip
+                (state / f"{name}.log").write_text(logs.stdout + logs.stderr)
+            compose_stack("down", env, 300)
+            left = subprocess.run(
+                ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+                 "--format", "{{.Names}}"], capture_output=True, text=True, check=True,
+            ).stdout.split()  # fmt: skip
+            volumes = json.loads(
+                subprocess.run(["podman", "volume", "ls", "--format", "json"],
+                               capture_output=True, text=True, check=True).stdout or "[]"
+            )  # fmt: skip
+            ours = [v["Name"] for v in volumes if v["Name"].startswith(f"{PROJECT}_")]
+            network = subprocess.run(["podman", "network", "exists", PROJECT]).returncode == 0
+            assert not left and not ours and not network, (
+                f"`down` left containers {left}, volumes {ours}, network {network}"
+            )

@@ -1,0 +1,212 @@
+"""The manual trigger as a user does it: a real browser (Debian's headless chromium and its
+driver, through selenium; nothing is downloaded) on the compose stack's Airflow UI.
+
+Log in (FAB), open ``mnist_horovod_retrain``, open Trigger: the form shows every Param by its
+title with its description (as the DAG declares them, read back through the REST API); values
+the Params forbid are refused before any run starts; a valid form starts a run that succeeds.
+Screenshots of the form and of the finished run's graph are saved in the stack's state folder,
+and into docs/ with ``HVA_UPDATE_DOCS_SCREENSHOTS=1`` (how the README's pictures are made).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.stack.conftest import BUILD_TIMEOUT, Stack, load_stack_smoke
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 2400)]
+
+DAG_ID = "mnist_horovod_retrain"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+DOCS = REPO / "docs"
+
+
+def ensure_browser() -> None:
+    """Debian's chromium and chromium-driver, installed with apt-get where missing."""
+    if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium and chromium-driver are missing and cannot be installed here")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]
+    if subprocess.run(install, capture_output=True, env=env).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
+        done = subprocess.run(install, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            pytest.skip(f"apt-get install chromium chromium-driver failed: {done.stderr[-500:]}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    ensure_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not fetch a browser or driver
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1400,1000"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(15)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class TriggerForm:
+    """The Trigger Dag dialog of the Airflow 3 UI, found by what a user sees: labels, buttons."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    def field(self, title: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(
+            By.XPATH,
+            "//div[@data-scope='field' and @data-part='root']"
+            f"[.//label[normalize-space(text()[1])='{title}']]",
+        )
+
+    def input(self, title: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.field(title).find_element(By.CSS_SELECTOR, "input:not([type=hidden])")
+
+    def description(self, title: str) -> str:
+        from selenium.webdriver.common.by import By
+
+        return str(self.field(title).find_element(By.CSS_SELECTOR, "[data-part=helper-text]").text)
+
+    def type(self, title: str, value: str) -> str:
+        """Replace the field's text as a user would, leave it, and return what it then holds."""
+        from selenium.webdriver.common.keys import Keys
+
+        box = self.input(title)
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(Keys.BACKSPACE)
+        box.send_keys(value)
+        box.send_keys(Keys.TAB)
+        time.sleep(0.5)
+        return str(self.input(title).get_attribute("value"))
+
+    def submit(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        button = self.driver.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]")
+        self.driver.execute_script("arguments[0].scrollIntoView()", button)
+        button.click()
+
+
+def login(driver: Any, stack: Stack) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(stack.airflow_url + "/auth/login/")
+    driver.find_element(By.ID, "username").send_keys(stack.settings["AIRFLOW_ADMIN_USER"])
+    driver.find_element(By.ID, "password").send_keys(stack.settings["AIRFLOW_ADMIN_PASSWORD"])
+    driver.find_element(By.CSS_SELECTOR, "input[type=submit],button[type=submit]").click()
+    deadline = time.monotonic() + 30
+    while "/auth/login" in driver.current_url and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "/auth/login" not in driver.current_url, "the login did not leave the login page"
+
+
+def open_trigger_form(driver: Any, stack: Stack) -> TriggerForm:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{stack.airflow_url}/dags/{DAG_ID}")
+    driver.find_element(By.CSS_SELECTOR, "button[aria-label='Trigger Dag']").click()
+    driver.find_element(By.XPATH, f"//*[normalize-space(.)='Trigger Dag - {DAG_ID}']")
+    return TriggerForm(driver)
+
+
+def save_screenshot(driver: Any, stack: Stack, name: str) -> Path:
+    path = stack.state / name
+    driver.save_screenshot(str(path))
+    if os.environ.get("HVA_UPDATE_DOCS_SCREENSHOTS") == "1":
+        shutil.copy(path, DOCS / name)
+    return path
+
+
+def run_ids(api: Any) -> set[str]:
+    return {r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns")["dag_runs"]}
+
+
+def test_the_trigger_form_in_a_browser(stack: Stack, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    smoke = load_stack_smoke()
+    api = smoke.AirflowApi.login(
+        stack.airflow_url, stack.settings["AIRFLOW_ADMIN_USER"],
+        stack.settings["AIRFLOW_ADMIN_PASSWORD"],
+    )  # fmt: skip
+    api.wait_for_dag(DAG_ID)
+    params = api.call("GET", f"/api/v2/dags/{DAG_ID}/details")["params"]
+    assert len(params) == 9, params
+
+    login(browser, stack)
+    browser.set_window_size(1400, 2400)  # the whole form in one screenshot
+    form = open_trigger_form(browser, stack)
+
+    # Every Param by its title, with its description.
+    for name, param in params.items():
+        title = param["schema"]["title"]
+        assert form.description(title) == param["description"], name
+    save_screenshot(browser, stack, "trigger_form.png")
+
+    before = run_ids(api)
+    # num_proc 0: the form cannot hold it (the field goes back to the minimum, 1).
+    assert form.type("Ranks", "0") == "1"
+    assert form.type("Ranks", "2") == "2"
+    # A dataset_source that fails its pattern: the trigger is refused, no run starts.
+    form.type("Dataset", "relative/folder")
+    form.submit()
+    toast = browser.find_element(By.XPATH, "//*[normalize-space(.)='Failed to Trigger Dag']")
+    assert toast.is_displayed()
+    time.sleep(2)
+    assert run_ids(api) == before, "a refused trigger started a run"
+
+    # A valid form: a small CPU run that the gate lets through whatever was published before.
+    assert form.type("Dataset", "vendored") == "vendored"
+    assert form.type("Training samples", "6000") == "6000"
+    assert form.type("Minimum accuracy", "0.9") == "0.9"
+    assert form.type("Allowed regression", "1") == "1"
+    form.submit()
+    deadline = time.monotonic() + 60
+    while not (new := run_ids(api) - before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(new) == 1, f"the valid trigger started {sorted(new)}"
+    run_id = new.pop()
+    conf = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id)}")["conf"]
+    assert conf["num_proc"] == 2 and conf["max_train_samples"] == 6000, conf
+    assert conf["dataset_source"] == "vendored" and conf["max_regression"] == 1, conf
+    run = api.wait_for_run(DAG_ID, run_id, timeout=1800)
+    states = api.task_states(DAG_ID, run_id)
+    assert run["state"] == "success", {
+        t: api.task_log(DAG_ID, run_id, t)[-2000:] for t, s in states.items() if s != "success"
+    }
+    assert set(states.values()) == {"success"}, states
+
+    # The finished run's graph, as the user sees it.
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{stack.airflow_url}/dags/{DAG_ID}/runs/{urllib.parse.quote(run_id)}")
+    browser.find_element(By.CSS_SELECTOR, "button[aria-label^='Show Graph']").click()
+    for task_id in states:
+        browser.find_element(By.XPATH, f"//*[normalize-space(text())='{task_id}']")
+    time.sleep(3)  # the graph's layout settles
+    save_screenshot(browser, stack, "run_graph.png")
