@@ -13,6 +13,7 @@ from operators.exceptions import (
     TrainingCompletedError,
 )
 from operators.export import HorovodExportOperator
+from operators.stage import StageDatasetOperator
 from operators.train import HorovodTrainOperator
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "HorovodTimeoutError",
     "HorovodTrainOperator",
     "HorovodTrainingError",
+    "StageDatasetOperator",
     "TrainingCompletedError",
 ]

@@ -128,3 +128,15 @@ def publish_fake_model(
                  "content_hash": dataset_hash},
         gate=gate, dag_run_id=dag_run_id, version=version, client=s3,
     )  # fmt: skip
+
+
+def undocumented_template_fields(operator_class: type) -> list[str]:
+    """Template fields whose ``:param`` in the class docstring does not say ``(templated)``."""
+    import re
+
+    doc = operator_class.__doc__ or ""
+    params = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r":param (\w+):(.*?)(?=:param |\Z)", doc, flags=re.DOTALL)
+    }
+    return [f for f in operator_class.template_fields if "(templated)" not in params.get(f, "")]
