@@ -13,6 +13,7 @@ from operators.exceptions import (
     TrainingCompletedError,
 )
 from operators.export import HorovodExportOperator
+from operators.gate import ModelGateOperator
 from operators.stage import StageDatasetOperator
 from operators.train import HorovodTrainOperator
 
@@ -25,6 +26,7 @@ __all__ = [
     "HorovodTimeoutError",
     "HorovodTrainOperator",
     "HorovodTrainingError",
+    "ModelGateOperator",
     "StageDatasetOperator",
     "TrainingCompletedError",
 ]

@@ -140,3 +140,36 @@ def undocumented_template_fields(operator_class: type) -> list[str]:
         for m in re.finditer(r":param (\w+):(.*?)(?=:param |\Z)", doc, flags=re.DOTALL)
     }
     return [f for f in operator_class.template_fields if "(templated)" not in params.get(f, "")]
+
+
+def dag_in_bundle(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, dag_id: str, source: str) -> Any:
+    """The ``dag`` of ``source``, written as a DAG file into a DAG bundle of its own.
+
+    Airflow 3's ``dag.test()`` runs only DAGs that a bundle holds (it serializes them from
+    there), so a test's DAG is added as a second bundle next to the project's dags/.
+    """
+    import importlib.util
+    import textwrap
+
+    folder = tmp_path / f"bundle-{dag_id}"
+    folder.mkdir()
+    path = folder / f"{dag_id}.py"
+    path.write_text(textwrap.dedent(source))
+    bundles = [
+        {
+            "name": "dags-folder",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {},
+        },
+        {
+            "name": f"hva-{dag_id}",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(folder), "refresh_interval": 0},
+        },
+    ]
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    spec = importlib.util.spec_from_file_location(dag_id, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
