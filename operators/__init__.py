@@ -1,23 +1,32 @@
-"""Airflow operators that run Horovod training and export jobs (no torch imported here).
+"""Airflow operators for the retraining chain: stage → train → gate → export → publish.
 
-from operators import HorovodTrainOperator, HorovodExportOperator
+No torch is imported here; training and export run in the processes the launchers start.
+
+from operators import (
+    StageDatasetOperator, HorovodTrainOperator, ModelGateOperator,
+    HorovodExportOperator, PublishModelOperator,
+)
 """
 
 from operators.exceptions import (
+    ChampionChangedError,
     HorovodConfigError,
     HorovodLaunchError,
     HorovodOperatorError,
     HorovodPreflightError,
     HorovodTimeoutError,
     HorovodTrainingError,
+    PublishRefusedError,
     TrainingCompletedError,
 )
 from operators.export import HorovodExportOperator
 from operators.gate import ModelGateOperator
+from operators.publish import PublishModelOperator
 from operators.stage import StageDatasetOperator
 from operators.train import HorovodTrainOperator
 
 __all__ = [
+    "ChampionChangedError",
     "HorovodConfigError",
     "HorovodExportOperator",
     "HorovodLaunchError",
@@ -27,6 +36,8 @@ __all__ = [
     "HorovodTrainOperator",
     "HorovodTrainingError",
     "ModelGateOperator",
+    "PublishModelOperator",
+    "PublishRefusedError",
     "StageDatasetOperator",
     "TrainingCompletedError",
 ]

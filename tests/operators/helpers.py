@@ -107,16 +107,9 @@ def publish_fake_model(
 ) -> dict[str, Any]:
     """A run's artifacts around a real ONNX file, published through the real registry."""
     from operators.model_registry import decide_gate, publish_model, read_latest
-    from trainer import storage
 
     run = f"s3://{bucket}/runs/fake/{version}"
-    storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
-    history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
-    metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
-               "history": history}  # fmt: skip
-    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=s3)
-    storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
-    storage.write_text(f"{run}/onnx/parity.json", json.dumps({"passed": True}), client=s3)
+    put_run_artifacts(s3, run, accuracy=accuracy, onnx_bytes=onnx_bytes)
     champion, etag = read_latest(f"s3://{bucket}", "mnist_cnn", client=s3)
     gate = decide_gate(accuracy, min_accuracy=0.0, champion=champion, max_regression=1.0,
                        challenger_dataset_hash=dataset_hash, champion_rescored_accuracy=0.0,
@@ -173,3 +166,26 @@ def dag_in_bundle(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, dag_id: str, s
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.dag
+
+
+def put_run_artifacts(
+    s3: Any, run: str, *, accuracy: float, onnx_bytes: bytes = b"onnx-bytes"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a finished train and export leave under ``run`` (contents opaque to the registry).
+
+    Returns the XComs of the train and export tasks, as those operators return them.
+    """
+    from trainer import storage
+
+    storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
+    history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
+    metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
+               "history": history}  # fmt: skip
+    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=s3)
+    storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
+    storage.write_text(f"{run}/onnx/parity.json", json.dumps({"passed": True}), client=s3)
+    trained = {"val_accuracy": accuracy, "output": run, "metrics_uri": f"{run}/metrics.json",
+               "checkpoint_uri": f"{run}/checkpoint.pt"}  # fmt: skip
+    exported = {"onnx_uri": f"{run}/onnx/model.onnx", "parity_uri": f"{run}/onnx/parity.json",
+                "passed": True}  # fmt: skip
+    return trained, exported
