@@ -6,6 +6,8 @@ from operators import (
     StageDatasetOperator, HorovodTrainOperator, ModelGateOperator,
     HorovodExportOperator, PublishModelOperator,
 )
+
+``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
 """
 
 from operators.exceptions import (
@@ -21,6 +23,7 @@ from operators.exceptions import (
 )
 from operators.export import HorovodExportOperator
 from operators.gate import ModelGateOperator
+from operators.model_registry import safe_key
 from operators.publish import PublishModelOperator
 from operators.stage import StageDatasetOperator
 from operators.train import HorovodTrainOperator
@@ -40,4 +43,5 @@ __all__ = [
     "PublishRefusedError",
     "StageDatasetOperator",
     "TrainingCompletedError",
+    "safe_key",
 ]
