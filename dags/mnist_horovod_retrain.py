@@ -3,29 +3,29 @@
 
 `stage_dataset` → `train` → `gate` → `export_onnx` → `publish`
 
-1. **stage_dataset** uploads the dataset (default: the vendored real MNIST) to
-   `s3://<bucket>/datasets/mnist/<content-hash>/` with a `manifest.json`. Content-addressed:
-   an unchanged dataset uploads nothing.
-2. **train** runs `horovodrun -np <num_proc> python -m trainer train` through the chosen
-   launcher (local subprocess, Docker container, or Kubeflow MPIJob). Artifacts go to the
-   run-scoped prefix `s3://<bucket>/runs/<dag_id>/<run_key>/` (the run id plus a hash of it:
-   distinct runs never share one); the returned metrics are the
-   validation accuracy and loss **allreduced over all ranks** on the whole validation set.
-3. **gate** passes only if that accuracy is at least `min_accuracy` and not worse than the
-   published model's by more than `max_regression`, both measured on the same data: a
-   champion measured on another dataset is re-scored on this run's test split (onnxruntime),
-   or the gate refuses and says why. A failing gate skips export and publish and leaves the
-   run's artifacts (and its `gate.json`) for inspection.
-4. **export_onnx** exports the rank-0 checkpoint to one ONNX file and checks onnxruntime
-   against PyTorch (same launcher, so Airflow workers need no torch).
-5. **publish** copies the model, checkpoint, metrics, parity report, training curves and a
-   summary to `s3://<bucket>/models/mnist_cnn/<version>/` with a sha256 `manifest.json`,
-   then updates `latest.json` — last, so readers never see a half-published model. The
-   version is named by the run, so a retry finds its own version and publishes nothing twice;
-   `latest.json` is written only if it is still the one the gate compared against (a
-   conditional put), else the publish fails without overwriting. It emits the `latest.json`
-   Asset with the version, ONNX URI, sha256, accuracy and dataset hash as the event's
-   `extra`, which schedules serving-side DAGs.
+1. **stage_dataset** (`StageDatasetOperator`) uploads the dataset (default: the vendored
+   real MNIST) to `s3://<bucket>/datasets/mnist/<content-hash>/` with a `manifest.json`.
+   Content-addressed: an unchanged dataset uploads nothing.
+2. **train** (`HorovodTrainOperator`) runs `horovodrun -np <num_proc> python -m trainer
+   train` through the chosen launcher (local subprocess, Docker container, or Kubeflow
+   MPIJob). Artifacts go to the run-scoped prefix `s3://<bucket>/runs/<dag_id>/<run_key>/`
+   (the run id plus a hash of it: distinct runs never share one); the returned metrics are
+   the validation accuracy and loss **allreduced over all ranks** on the whole validation set.
+3. **gate** (`ModelGateOperator`) passes only if that accuracy is at least `min_accuracy`
+   and not worse than the published model's by more than `max_regression`, both measured on
+   the same data: a champion measured on another dataset is re-scored on this run's test
+   split (onnxruntime), or the gate refuses and says why. A failing gate skips export and
+   publish and leaves the run's artifacts (and its `gate.json`) for inspection.
+4. **export_onnx** (`HorovodExportOperator`) exports the rank-0 checkpoint to one ONNX file
+   and checks onnxruntime against PyTorch (same launcher, so Airflow workers need no torch).
+5. **publish** (`PublishModelOperator`) copies the model, checkpoint, metrics, parity
+   report, training curves and a summary to `s3://<bucket>/models/mnist_cnn/<version>/` with
+   a sha256 `manifest.json`, then updates `latest.json` — last, so readers never see a
+   half-published model. The version is named by the run, so a retry finds its own version
+   and publishes nothing twice; `latest.json` is written only if it is still the one the
+   gate compared against (a conditional put), else the publish fails without overwriting.
+   It emits the `latest.json` Asset with the version, ONNX URI, sha256, accuracy and dataset
+   hash as the event's `extra`, which schedules serving-side DAGs.
 
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
@@ -35,12 +35,17 @@ ranks, trainer image, GPUs per rank, Docker network).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag
 
-from operators import HorovodExportOperator, HorovodTrainOperator
-from operators.model_registry import safe_key
+from operators import (
+    HorovodExportOperator,
+    HorovodTrainOperator,
+    ModelGateOperator,
+    PublishModelOperator,
+    StageDatasetOperator,
+    safe_key,
+)
 from operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
@@ -57,12 +62,6 @@ from operators.settings import (
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
 
 RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
-
-
-def _s3_client() -> Any:
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-    return S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
 
 
 @dag(
@@ -110,15 +109,13 @@ def _s3_client() -> Any:
     },
 )  # fmt: skip
 def mnist_horovod_retrain() -> None:
-    @task
-    def stage_dataset() -> dict[str, Any]:
-        """Upload the dataset, content-addressed, and return its staged URI and hash."""
-        from operators.staging import stage_dataset as stage
-
-        params = get_current_context()["params"]
-        return stage(params["dataset_source"], BUCKET_URI, name="mnist", client=_s3_client())
-
-    staged = stage_dataset()
+    stage = StageDatasetOperator(
+        task_id="stage_dataset",
+        source="{{ params.dataset_source }}",
+        bucket_uri=BUCKET_URI,
+        dataset_name="mnist",
+        aws_conn_id=AWS_CONN_ID,
+    )
 
     train = HorovodTrainOperator(
         task_id="train",
@@ -138,24 +135,16 @@ def mnist_horovod_retrain() -> None:
         network_mode=DOCKER_NETWORK,
     )
 
-    @task.short_circuit
-    def gate(staged: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any] | bool:
-        """Champion/challenger on the same data: pass the decision on, or skip export+publish."""
-        from operators.model_registry import gate_challenger
-
-        params = get_current_context()["params"]
-        decision = gate_challenger(
-            bucket_uri=BUCKET_URI,
-            model_name=MODEL_NAME,
-            metrics=metrics,
-            dataset=staged,
-            min_accuracy=params["min_accuracy"],
-            max_regression=params["max_regression"],
-            client=_s3_client(),
-        )
-        return decision.as_dict() if decision.passed else False
-
-    decision = gate(staged, train.output)
+    gate = ModelGateOperator(
+        task_id="gate",
+        bucket_uri=BUCKET_URI,
+        model_name=MODEL_NAME,
+        metrics=train.output,
+        dataset=stage.output,
+        min_accuracy="{{ params.min_accuracy }}",
+        max_regression="{{ params.max_regression }}",
+        aws_conn_id=AWS_CONN_ID,
+    )
 
     export_onnx = HorovodExportOperator(
         task_id="export_onnx",
@@ -169,36 +158,19 @@ def mnist_horovod_retrain() -> None:
         network_mode=DOCKER_NETWORK,
     )
 
-    @task(outlets=[LATEST_MODEL])
-    def publish(
-        staged: dict[str, Any],
-        metrics: dict[str, Any],
-        decision: dict[str, Any],
-        exported: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Copy the gated model to this run's version, then point latest.json at it."""
-        from operators.model_registry import asset_event_extra, publish_model, run_version
+    publish = PublishModelOperator(
+        task_id="publish",
+        bucket_uri=BUCKET_URI,
+        model_name=MODEL_NAME,
+        metrics=train.output,
+        exported=export_onnx.output,
+        dataset=stage.output,
+        decision=gate.output,
+        aws_conn_id=AWS_CONN_ID,
+        outlets=[LATEST_MODEL],
+    )
 
-        context = get_current_context()
-        dag_run = context["dag_run"]
-        latest = publish_model(
-            bucket_uri=BUCKET_URI,
-            model_name=MODEL_NAME,
-            run_output=metrics["output"],
-            onnx_uri=exported["onnx_uri"],
-            parity_uri=exported["parity_uri"],
-            dataset=staged,
-            gate=decision,
-            dag_run_id=context["run_id"],
-            version=run_version(dag_run.dag_id, context["run_id"], dag_run.run_after),
-            client=_s3_client(),
-        )
-        context["outlet_events"][LATEST_MODEL].extra = asset_event_extra(latest)
-        return latest
-
-    staged >> train
-    decision >> export_onnx
-    publish(staged, train.output, decision, export_onnx.output)
+    stage >> train >> gate >> export_onnx >> publish
 
 
 retrain_dag = mnist_horovod_retrain()

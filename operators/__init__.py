@@ -1,21 +1,35 @@
-"""Airflow operators that run Horovod training and export jobs (no torch imported here).
+"""Airflow operators for the retraining chain: stage → train → gate → export → publish.
 
-from operators import HorovodTrainOperator, HorovodExportOperator
+No torch is imported here; training and export run in the processes the launchers start.
+
+from operators import (
+    StageDatasetOperator, HorovodTrainOperator, ModelGateOperator,
+    HorovodExportOperator, PublishModelOperator,
+)
+
+``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
 """
 
 from operators.exceptions import (
+    ChampionChangedError,
     HorovodConfigError,
     HorovodLaunchError,
     HorovodOperatorError,
     HorovodPreflightError,
     HorovodTimeoutError,
     HorovodTrainingError,
+    PublishRefusedError,
     TrainingCompletedError,
 )
 from operators.export import HorovodExportOperator
+from operators.gate import ModelGateOperator
+from operators.model_registry import safe_key
+from operators.publish import PublishModelOperator
+from operators.stage import StageDatasetOperator
 from operators.train import HorovodTrainOperator
 
 __all__ = [
+    "ChampionChangedError",
     "HorovodConfigError",
     "HorovodExportOperator",
     "HorovodLaunchError",
@@ -24,5 +38,10 @@ __all__ = [
     "HorovodTimeoutError",
     "HorovodTrainOperator",
     "HorovodTrainingError",
+    "ModelGateOperator",
+    "PublishModelOperator",
+    "PublishRefusedError",
+    "StageDatasetOperator",
     "TrainingCompletedError",
+    "safe_key",
 ]

@@ -10,12 +10,12 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from operators.command import Host, validate_env_name
+from operators.connection import AwsConnectionMixin
 from operators.exceptions import HorovodOperatorError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
 
@@ -52,6 +52,61 @@ def as_int(value: Any, field: str, *, minimum: int) -> int:
     return number
 
 
+def as_fraction(value: Any, field: str) -> float:
+    """Validate a fraction in [0, 1] (an accuracy) that may arrive as a rendered string."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field} must be a fraction in [0, 1], got {value!r}")
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field} must be a fraction in [0, 1], got {value!r}") from None
+    if not 0.0 <= number <= 1.0:  # also refuses NaN
+        raise ValueError(f"{field} must be a fraction in [0, 1], got {value!r}")
+    return number
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(value: Any, field: str) -> str:
+    """Validate a name that becomes one S3 key segment (a model or dataset name)."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{field} must be a name of letters, digits, '.', '_' and '-' (one S3 key "
+            f"segment), got {value!r}"
+        )
+    return value
+
+
+def check_uri(value: Any, field: str) -> str:
+    """Validate a URI field (``s3://bucket/prefix`` or a local path)."""
+    if not value or not isinstance(value, str):
+        raise ValueError(f"{field} must be a URI (s3://... or a path), got {value!r}")
+    return value
+
+
+def as_mapping(value: Any, field: str, keys: Sequence[str] = ()) -> Mapping[str, Any]:
+    """Validate an upstream task's XCom dict (rendered) that must hold ``keys``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{field} must be a dict (pass the upstream task's .output, or render with "
+            f"render_template_as_native_obj=True), got {type(value).__name__}: {value!r:.80}"
+        )
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{field} lacks {missing}; keys present: {sorted(value)}")
+    return value
+
+
+def check_upstream(value: Any, field: str, keys: Sequence[str] = ()) -> None:
+    """At parse time: an upstream XCom (``task.output``), a template, or a dict with ``keys``."""
+    from airflow.sdk import XComArg
+
+    if isinstance(value, XComArg) or is_templated(value):
+        return
+    as_mapping(value, field, keys)
+
+
 def job_name(dag_id: str, task_id: str, run_id: str, try_number: int) -> str:
     """A DNS-1123 name (≤ 52 chars, room for MPIJob pod suffixes) unique per try."""
     digest = hashlib.sha256(f"{dag_id}/{task_id}/{run_id}/{try_number}".encode()).hexdigest()
@@ -59,7 +114,7 @@ def job_name(dag_id: str, task_id: str, run_id: str, try_number: int) -> str:
     return f"hvd-{stem}-{digest[:8]}".strip("-")
 
 
-class HorovodJobOperatorBase(BaseOperator):
+class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     """Shared machinery of :class:`HorovodTrainOperator` and :class:`HorovodExportOperator`.
 
     :param launcher: where the job runs: ``"local"`` (horovodrun on the worker),
@@ -163,19 +218,6 @@ class HorovodJobOperatorBase(BaseOperator):
         self.cleanup = cleanup
         self.force_pull = bool(force_pull)
         self._running: Launcher | None = None
-
-    # --- hooks (built lazily: no connection lookups while a DAG file parses) ----------
-    @cached_property
-    def s3_hook(self) -> Any:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        return S3Hook(aws_conn_id=self.aws_conn_id)
-
-    def s3_client_for(self, uri: str) -> Any | None:
-        """The connection's S3 client for an ``s3://`` URI; None for a local path."""
-        if not uri.startswith("s3://") or self.aws_conn_id is None:
-            return None
-        return self.s3_hook.get_conn()
 
     def job_env(self) -> tuple[dict[str, str], dict[str, str]]:
         """(non-secret env, secret env) for the job, from ``env``, the AWS connection and

@@ -309,12 +309,16 @@ def gate_challenger(
     dataset: dict[str, Any],
     min_accuracy: float,
     max_regression: float,
+    metric_key: str = "val_accuracy",
     client: Any | None = None,
 ) -> GateDecision:
     """The gate task: read the champion, compare like with like, write ``gate.json``.
 
-    ``metrics`` is the train task's XCom (``val_accuracy``, ``output``), ``dataset`` the
-    staging task's (``uri``, ``content_hash``). When the champion was measured on other data
+    ``metrics`` is the train task's XCom (``metric_key``, default ``val_accuracy``, and
+    ``output``), ``dataset`` the staging task's (``uri``, ``content_hash``). The champion's
+    number is the ``val_accuracy`` its ``latest.json`` records (or its accuracy re-scored on
+    this dataset), so ``metric_key`` must name the challenger's accuracy, a fraction in
+    [0, 1]. When the champion was measured on other data
     (or its dataset is not recorded), it is re-scored with onnxruntime on this dataset's test
     split first; if that fails, the decision refuses and says why.
     """
@@ -330,7 +334,7 @@ def gate_challenger(
         except (ModelIntegrityError, storage.StorageError, layout.DatasetError, KeyError) as e:
             log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)
     decision = decide_gate(
-        metrics["val_accuracy"],
+        metrics[metric_key],
         min_accuracy=min_accuracy,
         champion=champion,
         max_regression=max_regression,

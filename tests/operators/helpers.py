@@ -107,16 +107,9 @@ def publish_fake_model(
 ) -> dict[str, Any]:
     """A run's artifacts around a real ONNX file, published through the real registry."""
     from operators.model_registry import decide_gate, publish_model, read_latest
-    from trainer import storage
 
     run = f"s3://{bucket}/runs/fake/{version}"
-    storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
-    history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
-    metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
-               "history": history}  # fmt: skip
-    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=s3)
-    storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
-    storage.write_text(f"{run}/onnx/parity.json", json.dumps({"passed": True}), client=s3)
+    put_run_artifacts(s3, run, accuracy=accuracy, onnx_bytes=onnx_bytes)
     champion, etag = read_latest(f"s3://{bucket}", "mnist_cnn", client=s3)
     gate = decide_gate(accuracy, min_accuracy=0.0, champion=champion, max_regression=1.0,
                        challenger_dataset_hash=dataset_hash, champion_rescored_accuracy=0.0,
@@ -128,3 +121,71 @@ def publish_fake_model(
                  "content_hash": dataset_hash},
         gate=gate, dag_run_id=dag_run_id, version=version, client=s3,
     )  # fmt: skip
+
+
+def undocumented_template_fields(operator_class: type) -> list[str]:
+    """Template fields whose ``:param`` in the class docstring does not say ``(templated)``."""
+    import re
+
+    doc = operator_class.__doc__ or ""
+    params = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r":param (\w+):(.*?)(?=:param |\Z)", doc, flags=re.DOTALL)
+    }
+    return [f for f in operator_class.template_fields if "(templated)" not in params.get(f, "")]
+
+
+def dag_in_bundle(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, dag_id: str, source: str) -> Any:
+    """The ``dag`` of ``source``, written as a DAG file into a DAG bundle of its own.
+
+    Airflow 3's ``dag.test()`` runs only DAGs that a bundle holds (it serializes them from
+    there), so a test's DAG is added as a second bundle next to the project's dags/.
+    """
+    import importlib.util
+    import textwrap
+
+    folder = tmp_path / f"bundle-{dag_id}"
+    folder.mkdir()
+    path = folder / f"{dag_id}.py"
+    path.write_text(textwrap.dedent(source))
+    bundles = [
+        {
+            "name": "dags-folder",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {},
+        },
+        {
+            "name": f"hva-{dag_id}",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(folder), "refresh_interval": 0},
+        },
+    ]
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    spec = importlib.util.spec_from_file_location(dag_id, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
+
+
+def put_run_artifacts(
+    s3: Any, run: str, *, accuracy: float, onnx_bytes: bytes = b"onnx-bytes"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a finished train and export leave under ``run`` (contents opaque to the registry).
+
+    Returns the XComs of the train and export tasks, as those operators return them.
+    """
+    from trainer import storage
+
+    storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
+    history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
+    metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
+               "history": history}  # fmt: skip
+    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=s3)
+    storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
+    storage.write_text(f"{run}/onnx/parity.json", json.dumps({"passed": True}), client=s3)
+    trained = {"val_accuracy": accuracy, "output": run, "metrics_uri": f"{run}/metrics.json",
+               "checkpoint_uri": f"{run}/checkpoint.pt"}  # fmt: skip
+    exported = {"onnx_uri": f"{run}/onnx/model.onnx", "parity_uri": f"{run}/onnx/parity.json",
+                "passed": True}  # fmt: skip
+    return trained, exported

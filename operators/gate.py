@@ -1,0 +1,156 @@
+"""``ModelGateOperator``: the champion/challenger gate, and the skip of what follows a failure.
+
+Runs in the Airflow worker; needs no torch (re-scoring a champion uses onnxruntime). The
+decision is :func:`operators.model_registry.gate_challenger`'s; this module only wires it to
+Airflow: templated settings, the connection's S3 client, the XCom, and the skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.standard.utils.skipmixin import SkipMixin
+from airflow.sdk import BaseOperator
+
+from operators.connection import AwsConnectionMixin
+from operators.exceptions import HorovodConfigError
+from operators.job import (
+    as_fraction,
+    as_mapping,
+    check_name,
+    check_upstream,
+    check_uri,
+    is_templated,
+)
+from operators.model_registry import gate_challenger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
+    """Pass a trained model on only if it beats the floor and the published champion.
+
+    The champion is the model that ``<bucket_uri>/models/<model_name>/latest.json`` names.
+    The gate passes when the challenger's accuracy (``metrics[metric_key]``) is at least
+    ``min_accuracy`` and not worse than the champion's by more than ``max_regression``, both
+    measured on the same dataset content: a champion measured on other data is re-scored on
+    this run's test split first, or the gate fails and says why. The first model has no
+    champion and is judged by the floor alone. Either way the decision is written to
+    ``<metrics["output"]>/gate.json`` and logged; ``latest.json`` is only read.
+
+    Returns (as XCom) the decision dict when the gate passes: ``passed``, ``reason``,
+    ``challenger_accuracy``, ``champion_accuracy``, ``champion_version``, ``champion_etag``
+    (the ``latest.json`` that :class:`PublishModelOperator` may replace) and the rest of
+    :class:`operators.model_registry.GateDecision`. When it fails, the task succeeds and
+    skips its downstream tasks the way Airflow's ``ShortCircuitOperator`` does (same
+    ``SkipMixin``, so a cleared downstream task stays skipped), and pushes no return value.
+
+    :param bucket_uri: the registry's bucket, ``s3://bucket`` or a local folder (templated).
+    :param model_name: the registry name of the model, e.g. ``mnist_cnn`` (templated).
+    :param metrics: the train task's XCom, e.g. ``train.output``: holds ``metric_key`` and
+        ``output`` (the run's output URI, where ``gate.json`` goes) (templated).
+    :param dataset: the staging task's XCom, e.g. ``stage.output``: ``uri`` and
+        ``content_hash`` of the data the challenger was measured on (templated).
+    :param min_accuracy: the floor, a fraction in [0, 1] (templated).
+    :param max_regression: how much worse than the champion the challenger may be, a
+        fraction in [0, 1] (templated).
+    :param metric_key: the key of ``metrics`` holding the challenger's accuracy (a fraction,
+        higher is better); it is compared with the ``val_accuracy`` of the champion's
+        ``latest.json``.
+    :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
+    :param ignore_downstream_trigger_rules: as in ``ShortCircuitOperator``: True (default)
+        skips every downstream task; False skips the direct ones and lets the others'
+        trigger rules decide.
+    """
+
+    template_fields: Sequence[str] = (
+        "bucket_uri",
+        "model_name",
+        "metrics",
+        "dataset",
+        "min_accuracy",
+        "max_regression",
+    )
+    template_fields_renderers = {"metrics": "json", "dataset": "json"}  # noqa: RUF012
+    # Tells the scheduler (NotPreviouslySkippedDep) to honour this task's skip record.
+    inherits_from_skipmixin = True
+    ui_color = "#fdf2d0"
+
+    def __init__(
+        self,
+        *,
+        bucket_uri: str,
+        model_name: str,
+        metrics: Any,
+        dataset: Any,
+        min_accuracy: float | str,
+        max_regression: float | str = 0.0,
+        metric_key: str = "val_accuracy",
+        aws_conn_id: str | None = "aws_default",
+        ignore_downstream_trigger_rules: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_uri(bucket_uri, "bucket_uri")
+        if not is_templated(model_name):
+            check_name(model_name, "model_name")
+        if not metric_key or not isinstance(metric_key, str):
+            raise ValueError(f"metric_key must be a non-empty string, got {metric_key!r}")
+        check_upstream(metrics, "metrics", (metric_key, "output"))
+        check_upstream(dataset, "dataset", ("uri",))
+        for field, value in (("min_accuracy", min_accuracy), ("max_regression", max_regression)):
+            if not is_templated(value):
+                as_fraction(value, field)
+        self.bucket_uri = bucket_uri
+        self.model_name = model_name
+        self.metrics = metrics
+        self.dataset = dataset
+        self.min_accuracy = min_accuracy
+        self.max_regression = max_regression
+        self.metric_key = metric_key
+        self.aws_conn_id = aws_conn_id
+        self.ignore_downstream_trigger_rules = ignore_downstream_trigger_rules
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        try:
+            settings = self._rendered_settings()
+        except ValueError as e:
+            raise HorovodConfigError(f"{self.task_id}: {e}") from e
+        metrics: Mapping[str, Any] = settings["metrics"]
+        decision = gate_challenger(
+            **settings,
+            metric_key=self.metric_key,
+            client=self.s3_client_for(self.bucket_uri, metrics["output"]),
+        )
+        if decision.passed:
+            return decision.as_dict()
+        self.skip_downstream(context)
+        return None
+
+    def _rendered_settings(self) -> dict[str, Any]:
+        """The rendered fields, validated, as :func:`gate_challenger`'s keyword arguments."""
+        return {
+            "bucket_uri": check_uri(self.bucket_uri, "bucket_uri"),
+            "model_name": check_name(self.model_name, "model_name"),
+            "metrics": dict(as_mapping(self.metrics, "metrics", (self.metric_key, "output"))),
+            "dataset": dict(as_mapping(self.dataset, "dataset", ("uri",))),
+            "min_accuracy": as_fraction(self.min_accuracy, "min_accuracy"),
+            "max_regression": as_fraction(self.max_regression, "max_regression"),
+        }
+
+    def skip_downstream(self, context: Context) -> None:
+        """Skip what follows, as ``ShortCircuitOperator.execute`` does on a falsy condition."""
+        task = context["task"]
+        relatives = (
+            task.get_flat_relatives(upstream=False)
+            if self.ignore_downstream_trigger_rules
+            else task.get_direct_relatives(upstream=False)
+        )
+        to_skip = [t for t in relatives if not t.is_teardown]
+        if not to_skip:
+            self.log.info("the gate failed; no downstream tasks to skip")
+            return
+        self.log.info("the gate failed: skipping %s", sorted(t.task_id for t in to_skip))
+        self.skip(ti=context["ti"], tasks=to_skip)  # raises DownstreamTasksSkipped

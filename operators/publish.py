@@ -1,0 +1,143 @@
+"""``PublishModelOperator``: copy a gated model into the registry and point ``latest.json`` at it.
+
+Runs in the Airflow worker; needs no torch. The registry layout, the idempotent copy and the
+conditional write of ``latest.json`` are :func:`operators.model_registry.publish_model`'s;
+this module wires it to Airflow: templated settings, the run's version name, the
+connection's S3 client, the XCom and the Asset event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseOperator
+
+from operators.connection import AwsConnectionMixin
+from operators.exceptions import HorovodConfigError
+from operators.job import as_mapping, check_name, check_upstream, check_uri, is_templated
+from operators.model_registry import asset_event_extra, publish_model, run_version
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class PublishModelOperator(AwsConnectionMixin, BaseOperator):
+    """Publish a gated, exported model to ``<bucket_uri>/models/<model_name>/<version>/``.
+
+    Copies the ONNX model, checkpoint, metrics, parity report, training curves and a summary,
+    writes the version's sha256 ``manifest.json``, then ``latest.json`` — last, so a reader
+    never sees a half-published model. ``latest.json`` is written only if it is still the one
+    the gate compared against (``decision["champion_etag"]``, a conditional put); otherwise
+    the task fails without retrying (``ChampionChangedError``) and overwrites nothing. A
+    decision that did not pass, or a failed ONNX parity, is refused (``PublishRefusedError``).
+
+    The version is named by the DAG run (``v<run_after>-<hash of dag_id and run_id>``) unless
+    ``version`` is given, so a retry finds its own version and publishes nothing twice.
+
+    Returns (as XCom) the ``latest.json`` document: ``model``, ``version``, ``uri``,
+    ``manifest_uri``, ``onnx_uri``, ``onnx_sha256``, ``val_accuracy``, ``dataset_uri``,
+    ``dataset_content_hash``, ``dag_run_id``, ``published_at``. Each Asset in ``outlets``
+    (declare the one of ``latest.json``) gets an event whose ``extra`` holds what a consumer
+    needs without a lookup (:func:`operators.model_registry.asset_event_extra`).
+
+    :param bucket_uri: the registry's bucket, ``s3://bucket`` or a local folder (templated).
+    :param model_name: the registry name of the model, e.g. ``mnist_cnn`` (templated).
+    :param metrics: the train task's XCom (``train.output``): ``output``, the run's output
+        URI holding ``metrics.json`` and ``checkpoint.pt`` (templated).
+    :param exported: the export task's XCom (``export.output``): ``onnx_uri`` and
+        ``parity_uri`` (templated).
+    :param dataset: the staging task's XCom: ``uri`` and ``content_hash`` (templated).
+    :param decision: the gate's XCom (``gate.output``): a passed decision with its
+        ``champion_etag`` (templated).
+    :param version: the version name; None: named by the DAG run (templated).
+    :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
+    """
+
+    template_fields: Sequence[str] = (
+        "bucket_uri",
+        "model_name",
+        "metrics",
+        "exported",
+        "dataset",
+        "decision",
+        "version",
+    )
+    template_fields_renderers = {  # noqa: RUF012
+        "metrics": "json",
+        "exported": "json",
+        "dataset": "json",
+        "decision": "json",
+    }
+    ui_color = "#dff3e3"
+
+    def __init__(
+        self,
+        *,
+        bucket_uri: str,
+        model_name: str,
+        metrics: Any,
+        exported: Any,
+        dataset: Any,
+        decision: Any,
+        version: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_uri(bucket_uri, "bucket_uri")
+        if not is_templated(model_name):
+            check_name(model_name, "model_name")
+        check_upstream(metrics, "metrics", ("output",))
+        check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
+        check_upstream(dataset, "dataset")
+        check_upstream(decision, "decision", ("passed",))
+        if version is not None and not is_templated(version):
+            check_name(version, "version")
+        self.bucket_uri = bucket_uri
+        self.model_name = model_name
+        self.metrics = metrics
+        self.exported = exported
+        self.dataset = dataset
+        self.decision = decision
+        self.version = version
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        try:
+            settings = self._rendered_settings(context)
+        except ValueError as e:
+            raise HorovodConfigError(f"{self.task_id}: {e}") from e
+        latest = publish_model(
+            **settings,
+            client=self.s3_client_for(
+                settings["bucket_uri"], settings["run_output"], settings["onnx_uri"]
+            ),
+        )
+        extra = asset_event_extra(latest)
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = extra
+        return latest
+
+    def _rendered_settings(self, context: Context) -> dict[str, Any]:
+        """The rendered fields, validated, as :func:`publish_model`'s keyword arguments."""
+        metrics = as_mapping(self.metrics, "metrics", ("output",))
+        exported = as_mapping(self.exported, "exported", ("onnx_uri", "parity_uri"))
+        run_id = str(context["run_id"])
+        if self.version is None:
+            dag_run = context["dag_run"]
+            version = run_version(dag_run.dag_id, run_id, dag_run.run_after)
+        else:
+            version = check_name(self.version, "version")
+        return {
+            "bucket_uri": check_uri(self.bucket_uri, "bucket_uri"),
+            "model_name": check_name(self.model_name, "model_name"),
+            "run_output": check_uri(metrics["output"], "metrics['output']"),
+            "onnx_uri": check_uri(exported["onnx_uri"], "exported['onnx_uri']"),
+            "parity_uri": check_uri(exported["parity_uri"], "exported['parity_uri']"),
+            "dataset": dict(as_mapping(self.dataset, "dataset")),
+            "gate": dict(as_mapping(self.decision, "decision", ("passed",))),
+            "dag_run_id": run_id,
+            "version": version,
+        }

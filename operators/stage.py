@@ -1,0 +1,78 @@
+"""``StageDatasetOperator``: upload a dataset to S3, content-addressed: the first task.
+
+Runs in the Airflow worker; needs no torch. What is staged and where is
+:func:`operators.staging.stage_dataset`'s; this module wires it to Airflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from operators.connection import AwsConnectionMixin
+from operators.exceptions import HorovodConfigError
+from operators.job import check_name, check_uri, is_templated
+from operators.staging import stage_dataset
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
+    """Stage an MNIST-format dataset at ``<bucket_uri>/datasets/<dataset_name>/<hash16>/``.
+
+    Uploads the four IDX files (plain or ``.gz``) and a ``manifest.json`` (written last) to a
+    prefix named by the content hash, creating the bucket if it is missing. Idempotent: a
+    prefix that already holds the same manifest and files is not uploaded again. The ranks
+    verify the files against the manifest before they train.
+
+    Returns (as XCom) ``{"uri", "name", "content_hash", "splits", "uploaded"}``: the staged
+    prefix (hand it to the trainer as ``data``), the dataset name, its content hash, the
+    samples per split and the file names uploaded by this try (empty when already staged).
+
+    :param source: ``"vendored"`` (the project's real MNIST), an ``s3://`` prefix or a local
+        folder holding the files (templated).
+    :param bucket_uri: where to stage, ``s3://bucket`` or a local folder (templated).
+    :param dataset_name: the dataset's name in the staged prefix, e.g. ``mnist`` (templated).
+    :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
+    """
+
+    template_fields: Sequence[str] = ("source", "bucket_uri", "dataset_name")
+    ui_color = "#eef3fb"
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        bucket_uri: str,
+        dataset_name: str,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(source, str) or not source:
+            raise ValueError(
+                f"source must be 'vendored', an s3:// prefix or a local folder, got {source!r}"
+            )
+        check_uri(bucket_uri, "bucket_uri")
+        if not is_templated(dataset_name):
+            check_name(dataset_name, "dataset_name")
+        self.source = source
+        self.bucket_uri = bucket_uri
+        self.dataset_name = dataset_name
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        try:
+            source = str(self.source)
+            if not source:
+                raise ValueError("source rendered empty: use 'vendored' for the bundled MNIST")
+            bucket_uri = check_uri(self.bucket_uri, "bucket_uri")
+            name = check_name(self.dataset_name, "dataset_name")
+        except ValueError as e:
+            raise HorovodConfigError(f"{self.task_id}: {e}") from e
+        return stage_dataset(
+            source, bucket_uri, name=name, client=self.s3_client_for(source, bucket_uri)
+        )

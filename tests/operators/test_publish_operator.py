@@ -1,0 +1,164 @@
+"""PublishModelOperator: its settings, and publishing through the real S3 server."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from operators import (
+    ChampionChangedError,
+    HorovodConfigError,
+    ModelGateOperator,
+    PublishModelOperator,
+    PublishRefusedError,
+)
+from operators.model_registry import run_version
+from tests.operators.helpers import put_run_artifacts, undocumented_template_fields
+
+DATASET = {"uri": "s3://data/datasets/mnist/abc", "content_hash": "abc"}
+DUE = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
+
+
+def publish_op(**kwargs) -> PublishModelOperator:
+    base = {
+        "task_id": "publish",
+        "bucket_uri": "s3://bucket",
+        "model_name": "mnist_cnn",
+        "metrics": {"val_accuracy": 0.99, "output": "s3://bucket/runs/r"},
+        "exported": {"onnx_uri": "s3://bucket/runs/r/onnx/model.onnx",
+                     "parity_uri": "s3://bucket/runs/r/onnx/parity.json"},
+        "dataset": DATASET,
+        "decision": {"passed": True, "champion_etag": None},
+    }  # fmt: skip
+    return PublishModelOperator(**{**base, **kwargs})
+
+
+def test_template_fields_are_the_settings_a_run_varies_and_are_documented():
+    assert set(PublishModelOperator.template_fields) == {
+        "bucket_uri", "model_name", "metrics", "exported", "dataset", "decision", "version",
+    }  # fmt: skip
+    assert undocumented_template_fields(PublishModelOperator) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bucket_uri": None}, "bucket_uri must be a URI"),
+        ({"model_name": "../mnist"}, "model_name must be a name"),
+        ({"metrics": {"val_accuracy": 0.99}}, r"metrics lacks \['output'\]"),
+        ({"exported": {"onnx_uri": "s3://b/m.onnx"}}, r"exported lacks \['parity_uri'\]"),
+        ({"decision": True}, "decision must be a dict"),
+        ({"decision": {"reason": "?"}}, r"decision lacks \['passed'\]"),
+        ({"dataset": ["s3://b/d"]}, "dataset must be a dict"),
+        ({"version": "v1/../../x"}, "version must be a name"),
+    ],
+)
+def test_bad_settings_are_named_at_parse_time(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        publish_op(**kwargs)
+
+
+def test_init_builds_no_hook():
+    op = publish_op(aws_conn_id="no_such_connection", version="{{ params.version }}")
+    assert "s3_hook" not in op.__dict__
+
+
+def _context(run_id: str = "manual__2026-12-02T10:15:00+00:00") -> dict:
+    """What the task runner hands execute: the run, its id and the outlet event accessors."""
+    from airflow.models.dagrun import DagRun
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    dag_run = DagRun(dag_id="retrain", run_id=run_id, run_after=DUE, run_type="manual")
+    return {"dag_run": dag_run, "run_id": run_id, "outlet_events": OutletEventAccessors()}
+
+
+def _objects(client, bucket: str, prefix: str) -> dict[str, str]:
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = f"{o['ETag']}@{o['LastModified'].isoformat()}"
+    return out
+
+
+def _gate_and_publish(s3_server, bucket: str, accuracy: float, run_name: str):
+    """A gated run ready to publish: its artifacts on S3, the real gate's decision."""
+    from airflow.sdk import Asset
+
+    trained, exported = put_run_artifacts(
+        s3_server.client(), f"s3://{bucket}/runs/{run_name}", accuracy=accuracy,
+        onnx_bytes=f"onnx-{run_name}".encode(),
+    )  # fmt: skip
+    gate = ModelGateOperator(
+        task_id="gate", bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", metrics=trained,
+        dataset=DATASET, min_accuracy=0.5, max_regression=0.5, aws_conn_id=None,
+    )  # fmt: skip
+    decision = gate.execute({})
+    asset = Asset(name=f"{bucket}_latest", uri=f"s3://{bucket}/models/mnist_cnn/latest.json")
+    publish = PublishModelOperator(
+        task_id="publish", bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", metrics=trained,
+        exported=exported, dataset=DATASET, decision=decision, aws_conn_id=None,
+        outlets=[asset],
+    )  # fmt: skip
+    return publish, asset
+
+
+def test_publish_names_the_version_by_the_run_and_emits_the_asset_extra(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("publish")
+    publish, asset = _gate_and_publish(s3_server, bucket, 0.991, "a")
+    context = _context()
+
+    latest = publish.execute(context)
+    version = run_version("retrain", context["run_id"], DUE)
+    assert latest["version"] == version
+    assert latest["uri"] == f"s3://{bucket}/models/mnist_cnn/{version}"
+    stored = client.get_object(Bucket=bucket, Key="models/mnist_cnn/latest.json")["Body"].read()
+    assert json.loads(stored) == latest
+    extra = context["outlet_events"][asset].extra
+    assert extra["version"] == version and extra["onnx_sha256"] == latest["onnx_sha256"]
+    assert extra["val_accuracy"] == 0.991 and extra["dataset_content_hash"] == "abc"
+
+
+def test_a_retried_publish_rewrites_nothing_and_returns_the_same_document(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("publish")
+    publish, asset = _gate_and_publish(s3_server, bucket, 0.991, "a")
+    first = publish.execute(_context())
+    objects = _objects(client, bucket, "models/")
+
+    retry = _context()  # the same run, a later try: same run id, same decision XCom
+    again = publish.execute(retry)
+    assert again == first
+    assert _objects(client, bucket, "models/") == objects  # latest.json included
+    assert retry["outlet_events"][asset].extra["version"] == first["version"]
+
+
+def test_a_publish_after_another_run_won_fails_and_overwrites_nothing(s3_server):
+    """Two runs gated against the same champion: the second's conditional put fails."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("publish")
+    first, _ = _gate_and_publish(s3_server, bucket, 0.991, "a")
+    second, _ = _gate_and_publish(s3_server, bucket, 0.995, "b")
+    won = first.execute(_context("run_a"))
+    with pytest.raises(ChampionChangedError, match="changed after the gate read it"):
+        second.execute(_context("run_b"))
+    stored = client.get_object(Bucket=bucket, Key="models/mnist_cnn/latest.json")["Body"].read()
+    assert json.loads(stored) == won
+
+
+def test_a_failed_decision_is_refused(s3_server):
+    bucket = s3_server.new_bucket("publish")
+    publish, _ = _gate_and_publish(s3_server, bucket, 0.991, "a")
+    publish.decision = {**publish.decision, "passed": False, "reason": "below the floor"}
+    with pytest.raises(PublishRefusedError, match="the gate did not pass"):
+        publish.execute(_context())
+    assert _objects(s3_server.client(), bucket, "models/") == {}
+
+
+def test_a_decision_that_renders_as_text_fails_naming_it():
+    op = publish_op(decision="{{ ti.xcom_pull(task_ids='gate') }}", aws_conn_id=None)
+    op.decision = "{'passed': True}"  # rendered without render_template_as_native_obj
+    with pytest.raises(HorovodConfigError, match="publish: decision must be a dict"):
+        op.execute(_context())

@@ -1,0 +1,61 @@
+"""StageDatasetOperator: its settings, and staging through the real S3 server."""
+
+from __future__ import annotations
+
+import pytest
+
+from operators import StageDatasetOperator
+from operators.staging import stage_dataset
+from tests.operators.helpers import undocumented_template_fields
+from trainer import layout
+
+
+def stage_op(**kwargs) -> StageDatasetOperator:
+    base = {"task_id": "stage_dataset", "source": "vendored", "bucket_uri": "s3://bucket",
+            "dataset_name": "mnist"}  # fmt: skip
+    return StageDatasetOperator(**{**base, **kwargs})
+
+
+def test_template_fields_are_the_settings_a_run_varies_and_are_documented():
+    assert set(StageDatasetOperator.template_fields) == {"source", "bucket_uri", "dataset_name"}
+    assert undocumented_template_fields(StageDatasetOperator) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"source": ""}, "source must be 'vendored'"),
+        ({"source": None}, "source must be 'vendored'"),
+        ({"bucket_uri": ""}, "bucket_uri must be a URI"),
+        ({"dataset_name": "mnist digits"}, "dataset_name must be a name"),
+    ],
+)
+def test_bad_settings_are_named_at_parse_time(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        stage_op(**kwargs)
+
+
+def test_init_builds_no_hook():
+    op = stage_op(aws_conn_id="no_such_connection", source="{{ params.dataset_source }}")
+    assert "s3_hook" not in op.__dict__
+
+
+def test_stages_through_the_connection_and_a_retry_uploads_nothing(
+    s3_server, mnist_subset, monkeypatch
+):
+    """The S3 server is reachable only through aws_default's endpoint, not the environment."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("stage")
+    op = stage_op(source=str(mnist_subset), bucket_uri=f"s3://{bucket}", dataset_name="digits")
+    first = op.execute({})
+    manifest = layout.build_manifest("digits", layout.find_source_files(mnist_subset))
+    assert first["uri"] == f"s3://{bucket}/datasets/digits/{manifest['content_hash'][:16]}"
+    assert first["name"] == "digits" and first["splits"] == {"train": 2000, "test": 500}
+    assert layout.MANIFEST_NAME in first["uploaded"]
+
+    again = op.execute({})
+    assert again == {**first, "uploaded": []}
+    # The operator returns exactly what the staging function returns.
+    direct = stage_dataset(str(mnist_subset), f"s3://{bucket}", name="digits", client=client)
+    assert direct == again
