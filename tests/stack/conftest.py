@@ -84,10 +84,17 @@ class Stack:
         return out.split()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Images built (or found current), the stack up; afterwards `down` must leave nothing."""
+    """Images built (or found current), the stack up; afterwards `down` must leave nothing.
+
+    Package-scoped: the stack's services are down again before the rest of the suite runs.
+    """
     state = tmp_path_factory.mktemp("stack")
+    engine = REPO / "scripts" / "engines" / "podman_engine.sh"
+    was_serving = (
+        subprocess.run(["bash", str(engine), "status"], capture_output=True).returncode == 0
+    )
     env = {
         "HVA_STACK_STATE": str(state),
         "HVA_STACK_PROJECT": PROJECT,
@@ -125,6 +132,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )  # fmt: skip
             ours = [v["Name"] for v in volumes if v["Name"].startswith(f"{PROJECT}_")]
             network = subprocess.run(["podman", "network", "exists", PROJECT]).returncode == 0
+            if not was_serving:  # leave a Docker API service the user started running
+                subprocess.run(["bash", str(engine), "stop"], capture_output=True)
             assert not left and not ours and not network, (
                 f"`down` left containers {left}, volumes {ours}, network {network}"
             )

@@ -40,3 +40,23 @@ def test_a_run_triggered_through_the_rest_api_publishes_a_verified_model(stack: 
     assert summary["tasks"] == dict.fromkeys(RETRAIN_TASKS, "success"), report
     assert summary["published"]["dag_run_id"] == summary["run_id"], report
     (stack.state / "smoke.json").write_text(report)
+
+
+@pytest.mark.parametrize(
+    ("conf", "param"),
+    [({"num_proc": 0}, "num_proc"), ({"dataset_source": "relative/folder"}, "dataset_source")],
+)
+def test_the_rest_api_refuses_a_conf_that_breaks_a_param(
+    stack: Stack, conf: dict[str, object], param: str
+) -> None:
+    smoke = load_stack_smoke()
+    api = smoke.AirflowApi.login(
+        stack.airflow_url, stack.settings["AIRFLOW_ADMIN_USER"],
+        stack.settings["AIRFLOW_ADMIN_PASSWORD"],
+    )  # fmt: skip
+    api.wait_for_dag(smoke.RETRAIN_DAG)
+    before = {r["dag_run_id"] for r in api.runs(smoke.RETRAIN_DAG)}
+    with pytest.raises(smoke.ApiError) as refused:
+        api.trigger(smoke.RETRAIN_DAG, conf)
+    assert "HTTP 400" in str(refused.value) and param in str(refused.value), refused.value
+    assert {r["dag_run_id"] for r in api.runs(smoke.RETRAIN_DAG)} == before
