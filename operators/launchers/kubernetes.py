@@ -1,6 +1,10 @@
 """Run the job as a Kubeflow MPIJob (``kubeflow.org/v2beta1``): one launcher pod running
 ``horovodrun`` over ssh to ``num_proc / slots_per_worker`` worker pods.
 
+Both run the trainer image as its user (uid 1000): each worker is the image's sshd on port
+2222 (``WORKER_COMMAND``), the MPI Operator mounts the job's key pair in that user's ``~/.ssh``
+(``sshAuthMountPath``), and horovodrun connects with ``-p 2222``.
+
 The cluster client comes from the cncf-kubernetes provider's ``KubernetesHook``. Credentials
 never appear in the manifest: they go into a Kubernetes Secret (owned by the MPIJob, so it
 is garbage-collected with it) that is mounted as the private rank env file
@@ -24,6 +28,19 @@ SECRET_MOUNT = "/etc/hva-rank-env"
 SECRET_KEY = "rank.env"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+
+# The trainer image as an MPIJob pod: docker/trainer.Dockerfile installs sshd and
+# docker/trainer-sshd_config; tests/operators/test_kubernetes_launcher.py checks these values
+# against those two files, so the image and the manifest cannot drift apart.
+TRAINER_HOME = "/home/trainer"  # the home of the image's user (uid 1000)
+# Where the MPI Operator mounts the job's key pair (id_rsa, id_rsa.pub, authorized_keys): the
+# user's ~/.ssh, so the launcher's ssh finds its key there and the worker's sshd serves it.
+SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
+WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
+WORKER_SSHD_CONFIG = "/etc/ssh/hva_worker_sshd_config"
+# A worker is only an sshd in the foreground (-D), logging to stderr (-e), i.e. to the pod log;
+# horovodrun in the launcher pod starts the ranks through it.
+WORKER_COMMAND: tuple[str, ...] = ("/usr/sbin/sshd", "-De", "-f", WORKER_SSHD_CONFIG)
 
 
 def KubernetesHook(**kwargs: Any) -> Any:
@@ -59,7 +76,6 @@ def build_mpijob(
     image: str,
     namespace: str,
     slots_per_worker: int,
-    ssh_port: int | None = None,
     image_pull_policy: str = "IfNotPresent",
     service_account: str | None = None,
 ) -> dict[str, Any]:
@@ -78,7 +94,7 @@ def build_mpijob(
         spec.argv,
         num_proc=spec.num_proc,
         hosts=hosts,
-        ssh_port=ssh_port,
+        ssh_port=WORKER_SSH_PORT,
         controller=spec.controller,
     )
     env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
@@ -106,8 +122,12 @@ def build_mpijob(
         "name": "worker",
         "image": image,
         "imagePullPolicy": image_pull_policy,
+        "command": list(WORKER_COMMAND),
         "env": env,
         "volumeMounts": mounts,
+        # Ready once sshd listens: launcherCreationPolicy WaitForWorkersReady then starts the
+        # launcher only when horovodrun can reach every worker.
+        "readinessProbe": {"tcpSocket": {"port": WORKER_SSH_PORT}, "periodSeconds": 2},
     }
     if gpus:
         worker_container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
@@ -132,6 +152,7 @@ def build_mpijob(
         },
         "spec": {
             "slotsPerWorker": slots_per_worker,
+            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
             "runPolicy": run_policy,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {

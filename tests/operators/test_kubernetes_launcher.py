@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -22,10 +24,20 @@ from operators import (
 )
 from operators.command import RANK_ENV_WRAPPER
 from operators.launchers.base import JobSpec
-from operators.launchers.kubernetes import KubernetesLauncher, build_mpijob, mpijob_phase
+from operators.launchers.kubernetes import (
+    SSH_AUTH_MOUNT_PATH,
+    TRAINER_HOME,
+    WORKER_COMMAND,
+    WORKER_SSH_PORT,
+    WORKER_SSHD_CONFIG,
+    KubernetesLauncher,
+    build_mpijob,
+    mpijob_phase,
+)
 from operators.triggers import MPIJobTrigger
 from tests.operators.helpers import PROGRAM, LineLog, context
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
 RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
 SUCCEEDED = {
@@ -141,6 +153,8 @@ def test_mpijob_manifest():
         "4",
         "-H",
         hosts,
+        "-p",
+        "2222",
         *RANK_ENV_WRAPPER,
         *PROGRAM,
         "--data",
@@ -158,6 +172,53 @@ def test_mpijob_manifest():
         assert pod["containers"][0]["volumeMounts"][0]["readOnly"] is True
     # The credentials are nowhere in the manifest: only in the Secret.
     assert SECRET not in json.dumps(body) and "AKIAEXAMPLE" not in json.dumps(body)
+
+
+def sshd_config() -> dict[str, list[str]]:
+    """docker/trainer-sshd_config as keyword → values."""
+    settings: dict[str, list[str]] = {}
+    for raw in (REPO / "docker" / "trainer-sshd_config").read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, []).append(value.strip())
+    return settings
+
+
+def test_the_worker_ssh_constants_are_what_the_trainer_image_has():
+    """The manifest's sshd command, port and key mount are the image's, not retyped guesses."""
+    config = sshd_config()
+    assert config["Port"] == [str(WORKER_SSH_PORT)]
+    assert config["HostKey"] == [f"{SSH_AUTH_MOUNT_PATH}/id_rsa"]
+    assert config["AuthorizedKeysFile"] == [f"{SSH_AUTH_MOUNT_PATH}/authorized_keys"]
+    runtime = (REPO / "docker" / "trainer.Dockerfile").read_text().split(" AS runtime", 1)[1]
+    assert f"COPY docker/trainer-sshd_config {WORKER_SSHD_CONFIG}\n" in runtime
+    assert WORKER_COMMAND == ("/usr/sbin/sshd", "-De", "-f", WORKER_SSHD_CONFIG)
+    assert "openssh-server" in runtime and "openssh-client" in runtime
+    user = re.search(r"useradd .*--uid (\d+) .*\s(\w+)\n", runtime)
+    assert user and f"/home/{user.group(2)}" == TRAINER_HOME
+    assert re.search(rf"^USER {user.group(1)}(:\d+)?$", runtime, re.MULTILINE)
+
+
+@pytest.mark.parametrize("distributed", [True, False], ids=["train", "one-rank export"])
+def test_every_mpijob_runs_the_images_sshd_and_reaches_it(distributed):
+    """Workers run the image's sshd in the foreground; the MPI Operator mounts the key pair in
+    the image user's ~/.ssh; horovodrun in the launcher uses the sshd's port."""
+    kl = KubernetesLauncher(image="hva/trainer:1", hook=FakeHook([RUNNING]), slots_per_worker=2)
+    body = kl.manifest(spec(distributed=distributed, num_proc=4 if distributed else 1))
+    assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"] == list(WORKER_COMMAND)
+    assert "args" not in worker  # nothing appended to sshd's command line
+    assert worker["readinessProbe"]["tcpSocket"]["port"] == WORKER_SSH_PORT
+    launcher_command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    port = launcher_command.index("-p")
+    assert launcher_command[0] == "horovodrun"
+    assert launcher_command[port + 1] == str(WORKER_SSH_PORT)
+    assert port < launcher_command.index(
+        RANK_ENV_WRAPPER[0]
+    )  # horovodrun's flag, not the program's
 
 
 def test_cpu_job_requests_no_gpus_and_bad_slots_are_named():
@@ -415,8 +476,10 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
     host = f"{name}-worker-0.{name}.ml.svc:1"
-    assert command[:6] == ["horovodrun", "--gloo", "-np", "1", "-H", host]
-    program = command[6 + len(RANK_ENV_WRAPPER) :]
+    assert command[:8] == ["horovodrun", "--gloo", "-np", "1", "-H", host, "-p", "2222"]
+    assert worker["command"] == list(WORKER_COMMAND)  # an sshd the launcher can reach
+    assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
+    program = command[8 + len(RANK_ENV_WRAPPER) :]
     assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
     assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
     # Credentials reach the rank through the Secret, never the manifest.
