@@ -18,6 +18,7 @@ from operators.command import Host, validate_env_name
 from operators.connection import AwsConnectionMixin
 from operators.exceptions import HorovodOperatorError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
+from operators.launchers.kubernetes import PodOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -142,6 +143,18 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     :param cleanup: MPIJob/container policy: ``"delete"``, ``"keep"`` or ``"delete_on_success"``.
     :param force_pull: docker only: pull ``image`` before every job; by default it is pulled
         only when the engine does not have it (with the registry login of ``docker_conn_id``).
+    :param service_account / image_pull_policy / image_pull_secrets / node_selector /
+        tolerations / priority_class: kubernetes only: set on both MPIJob pods (launcher and
+        workers) as ``serviceAccountName``, ``imagePullPolicy`` (``Always``, ``IfNotPresent``,
+        ``Never``; None: the cluster's default), ``imagePullSecrets`` (Secret names),
+        ``nodeSelector``, ``tolerations`` (dicts) and ``priorityClassName``.
+    :param worker_resources / launcher_resources: kubernetes only: ``{"requests": {...}, "limits":
+        {...}}`` of each worker container (GPUs are not set here: ``gpus_per_proc`` adds
+        ``nvidia.com/gpu``) and of the launcher container (horovodrun only; no rank runs there).
+
+    A setting that only another launcher uses (a kubernetes setting with ``launcher="docker"``)
+    is refused with ``ValueError`` naming it: at parse time, or after rendering when
+    ``launcher`` is templated.
     """
 
     template_fields: Sequence[str] = ("env", "image")
@@ -174,6 +187,14 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
         force_pull: bool = False,
+        service_account: str | None = None,
+        image_pull_policy: str | None = None,
+        image_pull_secrets: Sequence[str] = (),
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: Sequence[Mapping[str, Any]] = (),
+        priority_class: str | None = None,
+        worker_resources: Mapping[str, Mapping[str, Any]] | None = None,
+        launcher_resources: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -217,7 +238,48 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         self.poll_interval = poll_interval
         self.cleanup = cleanup
         self.force_pull = bool(force_pull)
+        self.service_account = service_account
+        self.image_pull_policy = image_pull_policy
+        self.image_pull_secrets = image_pull_secrets
+        self.node_selector = {} if node_selector is None else node_selector
+        self.tolerations = tolerations
+        self.priority_class = priority_class
+        self.worker_resources = {} if worker_resources is None else worker_resources
+        self.launcher_resources = {} if launcher_resources is None else launcher_resources
+        self.pod_options()  # raises ValueError naming a bad kubernetes setting
         self._running: Launcher | None = None
+        if not is_templated(launcher):
+            self.check_launcher_settings()
+
+    def pod_options(self) -> PodOptions:
+        """The kubernetes settings of both MPIJob pods (validated)."""
+        return PodOptions(
+            service_account=self.service_account,
+            image_pull_policy=self.image_pull_policy,
+            image_pull_secrets=self.image_pull_secrets,
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            priority_class=self.priority_class,
+            worker_resources=self.worker_resources,
+            launcher_resources=self.launcher_resources,
+        )
+
+    def launcher_only_settings(self) -> dict[str, list[str]]:
+        """launcher → the settings given that only that launcher uses."""
+        kubernetes = self.pod_options().names_set()
+        if self.deferrable:
+            kubernetes.append("deferrable")
+        return {"kubernetes": kubernetes}
+
+    def check_launcher_settings(self) -> None:
+        """:func:`check_launcher`, and no setting given that the launcher would ignore."""
+        check_launcher(self.launcher, self.image)
+        for launcher, names in self.launcher_only_settings().items():
+            if names and self.launcher != launcher:
+                raise ValueError(
+                    f"{', '.join(names)}: only used by launcher={launcher!r}, and launcher is "
+                    f"{self.launcher!r}; remove {'them' if len(names) > 1 else 'it'}"
+                )
 
     def job_env(self) -> tuple[dict[str, str], dict[str, str]]:
         """(non-secret env, secret env) for the job, from ``env``, the AWS connection and
@@ -280,6 +342,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             slots_per_worker=self.slots_per_worker,
             poll_interval=self.poll_interval,
             cleanup=self.cleanup,
+            pod_options=self.pod_options(),
         )
 
     def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from operators.command import RANK_ENV_FILE_VAR, Host, horovodrun_argv, rank_env_file_text
@@ -52,6 +53,96 @@ def KubernetesHook(**kwargs: Any) -> Any:
     return _KubernetesHook(**kwargs)
 
 
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+RESOURCE_KINDS = ("requests", "limits")
+GPU_RESOURCE = "nvidia.com/gpu"
+TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+
+
+def _check_resources(value: Any, name: str, *, gpus_allowed: bool) -> None:
+    if not isinstance(value, Mapping) or not set(value) <= set(RESOURCE_KINDS):
+        raise ValueError(
+            f"{name} must be a dict with 'requests' and/or 'limits' (e.g. "
+            f"{{'requests': {{'cpu': '4', 'memory': '16Gi'}}}}), got {value!r}"
+        )
+    for kind, amounts in value.items():
+        if not isinstance(amounts, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
+            for k, v in amounts.items()
+        ):
+            raise ValueError(
+                f"{name}[{kind!r}] must map resource names to quantities, got {amounts!r}"
+            )
+        if not gpus_allowed and GPU_RESOURCE in amounts:
+            raise ValueError(
+                f"{name}[{kind!r}] sets {GPU_RESOURCE}: GPUs come from gpus_per_proc "
+                f"(× slots_per_worker per worker pod)"
+            )
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """Settings of both MPIJob pod templates (launcher and workers), validated on creation."""
+
+    service_account: str | None = None  # serviceAccountName of both pods
+    image_pull_policy: str | None = None  # Always | IfNotPresent | Never; None: the cluster's
+    image_pull_secrets: Sequence[str] = ()  # names of registry Secrets in the namespace
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # nodeSelector of both pods
+    tolerations: Sequence[Mapping[str, Any]] = ()  # tolerations of both pods
+    priority_class: str | None = None  # priorityClassName of both pods
+    worker_resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    launcher_resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("service_account", "priority_class"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if self.image_pull_policy is not None and self.image_pull_policy not in PULL_POLICIES:
+            raise ValueError(
+                f"image_pull_policy must be one of {', '.join(PULL_POLICIES)} or None, "
+                f"got {self.image_pull_policy!r}"
+            )
+        secrets = self.image_pull_secrets
+        if isinstance(secrets, str) or not all(isinstance(n, str) and n for n in secrets):
+            raise ValueError(f"image_pull_secrets must be a list of Secret names, got {secrets!r}")
+        if not isinstance(self.node_selector, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()
+        ):
+            raise ValueError(
+                f"node_selector must be a dict of label → value strings, got {self.node_selector!r}"
+            )
+        if isinstance(self.tolerations, Mapping | str):
+            raise ValueError(f"tolerations must be a list of dicts, got {self.tolerations!r}")
+        for toleration in self.tolerations:
+            if not isinstance(toleration, Mapping) or not set(toleration) <= TOLERATION_KEYS:
+                raise ValueError(
+                    f"tolerations entry {toleration!r} must be a dict of "
+                    f"{', '.join(sorted(TOLERATION_KEYS))}"
+                )
+        _check_resources(self.worker_resources, "worker_resources", gpus_allowed=False)
+        _check_resources(self.launcher_resources, "launcher_resources", gpus_allowed=True)
+
+    def names_set(self) -> list[str]:
+        """The settings given (every default is empty), to refuse them off Kubernetes."""
+        return [f.name for f in fields(self) if getattr(self, f.name)]
+
+    def apply(self, pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
+        """Put the settings shared by both pods into a pod spec and its container."""
+        if self.service_account:
+            pod_spec["serviceAccountName"] = self.service_account
+        if self.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": n} for n in self.image_pull_secrets]
+        if self.node_selector:
+            pod_spec["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod_spec["tolerations"] = [dict(t) for t in self.tolerations]
+        if self.priority_class:
+            pod_spec["priorityClassName"] = self.priority_class
+        if self.image_pull_policy:
+            container["imagePullPolicy"] = self.image_pull_policy
+
+
 def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
     """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from an MPIJob's conditions."""
     conditions = ((obj or {}).get("status") or {}).get("conditions") or []
@@ -76,8 +167,7 @@ def build_mpijob(
     image: str,
     namespace: str,
     slots_per_worker: int,
-    image_pull_policy: str = "IfNotPresent",
-    service_account: str | None = None,
+    pod_options: PodOptions | None = None,
 ) -> dict[str, Any]:
     """The MPIJob manifest for a horovodrun job. ``spec.argv`` is the program's command."""
     if spec.num_proc % slots_per_worker:
@@ -108,11 +198,11 @@ def build_mpijob(
         )
         mounts.append({"name": "rank-env", "mountPath": SECRET_MOUNT, "readOnly": True})
     gpus = spec.gpus_per_proc * slots_per_worker
+    options = pod_options or PodOptions()
 
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
         pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
-        if service_account:
-            pod_spec["serviceAccountName"] = service_account
+        options.apply(pod_spec, container)
         return {
             "metadata": {"labels": {"horovod-airflow/job": name, "role": role}},
             "spec": pod_spec,
@@ -121,7 +211,6 @@ def build_mpijob(
     worker_container: dict[str, Any] = {
         "name": "worker",
         "image": image,
-        "imagePullPolicy": image_pull_policy,
         "command": list(WORKER_COMMAND),
         "env": env,
         "volumeMounts": mounts,
@@ -129,16 +218,22 @@ def build_mpijob(
         # launcher only when horovodrun can reach every worker.
         "readinessProbe": {"tcpSocket": {"port": WORKER_SSH_PORT}, "periodSeconds": 2},
     }
+    worker_resources = {kind: dict(amounts) for kind, amounts in options.worker_resources.items()}
     if gpus:
-        worker_container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
-    launcher_container = {
+        worker_resources.setdefault("limits", {})[GPU_RESOURCE] = gpus
+    if worker_resources:
+        worker_container["resources"] = worker_resources
+    launcher_container: dict[str, Any] = {
         "name": "launcher",
         "image": image,
-        "imagePullPolicy": image_pull_policy,
         "command": command,
         "env": env,
         "volumeMounts": mounts,
     }
+    if options.launcher_resources:
+        launcher_container["resources"] = {
+            kind: dict(amounts) for kind, amounts in options.launcher_resources.items()
+        }
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": 0}
     if spec.timeout:
         run_policy["activeDeadlineSeconds"] = int(spec.timeout)
@@ -185,9 +280,11 @@ class KubernetesLauncher(Launcher):
         slots_per_worker: int = 1,
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
+        pod_options: PodOptions | None = None,
         hook: Any | None = None,
     ) -> None:
         self.image = image
+        self.pod_options = pod_options or PodOptions()
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self.slots_per_worker = slots_per_worker
@@ -211,7 +308,11 @@ class KubernetesLauncher(Launcher):
         one rank on one worker pod, whatever ``slots_per_worker`` the training uses."""
         slots = self.slots_per_worker if spec.distributed else 1
         return build_mpijob(
-            spec, image=self.image, namespace=self.namespace, slots_per_worker=slots
+            spec,
+            image=self.image,
+            namespace=self.namespace,
+            slots_per_worker=slots,
+            pod_options=self.pod_options,
         )
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:

@@ -501,3 +501,129 @@ def test_deferrable_export_defers_then_reads_parity(s3_server):
         with pytest.raises(HorovodTrainingError, match="ONNX parity check failed"):
             op.execute_complete(context(), event=event, **deferred.value.kwargs)
     assert len(hook.deleted) == 1  # the job succeeded: deleted, even though parity failed
+
+
+POD_OPTIONS: dict[str, Any] = {
+    "service_account": "trainer-sa",
+    "image_pull_policy": "Always",
+    "image_pull_secrets": ["regcred", "mirror"],
+    "node_selector": {"gpu": "h200"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "priority_class": "training",
+    "worker_resources": {"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"memory": "32Gi"}},
+    "launcher_resources": {"requests": {"cpu": "500m"}},
+}
+
+
+def k8s_train_op(**kw: Any) -> HorovodTrainOperator:
+    base: dict[str, Any] = dict(
+        task_id="train",
+        launcher="kubernetes",
+        image="hva/trainer:1",
+        num_proc=4,
+        slots_per_worker=2,
+        gpus_per_proc=1,
+        entrypoint=PROGRAM,
+        data="s3://b/d",
+        output="s3://b/o",
+        namespace="ml",
+        aws_conn_id=None,
+    )
+    return HorovodTrainOperator(**{**base, **kw})
+
+
+def test_pod_settings_reach_both_pod_templates_from_the_operator():
+    op = k8s_train_op(**POD_OPTIONS)
+    job, _ = op.build_spec(context())
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=FakeHook([])):
+        body = op.make_launcher().manifest(job)  # type: ignore[attr-defined]
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    for role in ("Launcher", "Worker"):
+        pod = replicas[role]["template"]["spec"]
+        assert pod["serviceAccountName"] == "trainer-sa", role
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], role
+        assert pod["nodeSelector"] == {"gpu": "h200"}, role
+        assert pod["tolerations"] == POD_OPTIONS["tolerations"], role
+        assert pod["priorityClassName"] == "training", role
+        assert pod["containers"][0]["imagePullPolicy"] == "Always", role
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    launcher_container = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    assert worker["resources"] == {
+        "requests": {"cpu": "8", "memory": "32Gi"},
+        "limits": {"memory": "32Gi", "nvidia.com/gpu": 2},  # gpus_per_proc × slots_per_worker
+    }
+    assert launcher_container["resources"] == {"requests": {"cpu": "500m"}}
+    assert POD_OPTIONS["worker_resources"]["limits"] == {"memory": "32Gi"}  # not mutated
+
+
+def test_without_pod_settings_the_cluster_defaults_apply():
+    body = build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=2)
+    for role in ("Launcher", "Worker"):
+        pod = body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+        assert not {"serviceAccountName", "imagePullSecrets", "nodeSelector", "tolerations",
+                    "priorityClassName"} & set(pod)  # fmt: skip
+        assert "imagePullPolicy" not in pod["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"image_pull_policy": "sometimes"}, "image_pull_policy must be one of Always, IfNot"),
+        ({"image_pull_secrets": "regcred"}, "image_pull_secrets must be a list of Secret names"),
+        ({"image_pull_secrets": ["ok", ""]}, "image_pull_secrets must be a list"),
+        ({"node_selector": {"gpu": 1}}, "node_selector must be a dict of label → value strings"),
+        ({"tolerations": {"key": "k"}}, "tolerations must be a list of dicts"),
+        ({"tolerations": [{"keys": "k"}]}, "tolerations entry {'keys': 'k'} must be a dict of"),
+        ({"service_account": ""}, "service_account must be a non-empty string"),
+        ({"priority_class": 5}, "priority_class must be a non-empty string"),
+        ({"worker_resources": {"cpu": "1"}}, "worker_resources must be a dict with 'requests'"),
+        ({"worker_resources": {"limits": {"cpu": True}}}, r"worker_resources\['limits'\] must"),
+        (
+            {"worker_resources": {"limits": {"nvidia.com/gpu": 1}}},
+            "sets nvidia.com/gpu: GPUs come from gpus_per_proc",
+        ),
+        ({"launcher_resources": []}, "launcher_resources must be a dict"),
+    ],
+)
+def test_bad_pod_settings_are_named_at_parse_time(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        k8s_train_op(**kwargs)
+
+
+@pytest.mark.parametrize("launcher", ["local", "docker"])
+@pytest.mark.parametrize(
+    "kwargs", [{k: v} for k, v in POD_OPTIONS.items()] + [{"deferrable": True}], ids=str
+)
+def test_kubernetes_settings_are_refused_with_another_launcher(launcher, kwargs):
+    (name,) = kwargs
+    for operator in (HorovodTrainOperator, HorovodExportOperator):
+        args: dict[str, Any] = {"task_id": "t", "output": "s3://b/o", "launcher": launcher,
+                                "image": "hva/trainer:1", **kwargs}  # fmt: skip
+        args.update({"data": "s3://b/d"} if operator is HorovodTrainOperator else {})
+        args.update({"checkpoint": "s3://b/c"} if operator is HorovodExportOperator else {})
+        with pytest.raises(ValueError, match=f"{name}: only used by launcher='kubernetes'"):
+            operator(**args)
+
+
+def test_a_templated_launcher_is_checked_after_rendering():
+    from operators import HorovodConfigError
+
+    op = k8s_train_op(launcher="{{ params.launcher }}", node_selector={"gpu": "h200"})
+    op.launcher = "docker"  # what the template rendered to
+    with pytest.raises(HorovodConfigError, match="node_selector: only used by launcher='kub"):
+        op.build_spec(context())
+    op.launcher = "kubernetes"
+    assert op.build_spec(context())[0].num_proc == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"ssh_port": 2200}, {"ssh_identity_file": "/k"}, {"network_interface": "eth0"}],
+    ids=str,
+)
+def test_horovodrun_ssh_settings_are_refused_on_kubernetes(kwargs):
+    """The MPIJob's ssh is the image's sshd and the operator's key: a port or key given here
+    would be ignored."""
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=f"{name}: only used by launcher='local'"):
+        k8s_train_op(**kwargs)
