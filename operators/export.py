@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from operators.exceptions import HorovodTrainingError
-from operators.job import HorovodJobOperatorBase, is_templated, job_name
+from operators.job import HorovodJobOperatorBase, is_templated
 from operators.launchers.base import JobSpec
 from trainer.layout import ONNX_NAME, PARITY_NAME
 
@@ -84,14 +84,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
             argv += ["--data", self.data]
         argv += trainer_args_to_argv(self.export_args)
         public, secret = self.job_env()
-        ti = context.get("ti")
-        try_number = int(getattr(ti, "try_number", 1) or 1)
-        name = job_name(
-            str(getattr(self, "dag_id", "") or ""),
-            self.task_id,
-            str(context.get("run_id", "") or ""),
-            try_number,
-        )
+        name, labels = self.job_identity(context)
         return JobSpec(
             name=name,
             argv=argv,
@@ -101,6 +94,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
             gpus_per_proc=self.gpus_per_proc,
             timeout=self.timeout,
             distributed=False,
+            labels=labels,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:

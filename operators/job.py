@@ -108,11 +108,27 @@ def check_upstream(value: Any, field: str, keys: Sequence[str] = ()) -> None:
     as_mapping(value, field, keys)
 
 
-def job_name(dag_id: str, task_id: str, run_id: str, try_number: int) -> str:
-    """A DNS-1123 name (≤ 52 chars, room for MPIJob pod suffixes) unique per try."""
-    digest = hashlib.sha256(f"{dag_id}/{task_id}/{run_id}/{try_number}".encode()).hexdigest()
+def job_name(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
+    """A DNS-1123 name (≤ 52 chars, room for MPIJob pod suffixes), the same for every try of
+    one task instance: a retry finds the job (MPIJob, container) an earlier try left."""
+    instance = f"{dag_id}/{task_id}/{run_id}" + (f"/{map_index}" if map_index >= 0 else "")
+    digest = hashlib.sha256(instance.encode()).hexdigest()
     stem = re.sub(r"[^a-z0-9-]+", "-", task_id.lower()).strip("-")[:38] or "job"
     return f"hvd-{stem}-{digest[:8]}".strip("-")
+
+
+def job_labels(
+    dag_id: str, task_id: str, run_id: str, try_number: int, map_index: int = -1
+) -> dict[str, str]:
+    """The task instance's labels, made label-safe as ``KubernetesPodOperator`` makes them
+    (the provider's ``make_safe_label_value``: unsafe characters dropped, then a hash)."""
+    from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_value
+
+    labels = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id}
+    if map_index >= 0:
+        labels["map_index"] = str(map_index)
+    labels["try_number"] = str(try_number)
+    return {key: make_safe_label_value(value) for key, value in labels.items()}
 
 
 class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
@@ -250,6 +266,21 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         self._running: Launcher | None = None
         if not is_templated(launcher):
             self.check_launcher_settings()
+
+    def job_identity(self, context: Context) -> tuple[str, dict[str, str]]:
+        """(job name, labels) of this task instance: the name is the same for every try (a
+        retry finds the earlier try's job); the labels say which try made it. Labels are for
+        the container and MPIJob launchers only."""
+        ti = context.get("ti")
+        dag_id = str(getattr(self, "dag_id", "") or "")
+        run_id = str(context.get("run_id", "") or "")
+        map_index = getattr(ti, "map_index", -1)
+        map_index = map_index if isinstance(map_index, int) else -1
+        name = job_name(dag_id, self.task_id, run_id, map_index)
+        if self.launcher == "local":
+            return name, {}
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        return name, job_labels(dag_id, self.task_id, run_id, try_number, map_index)
 
     def pod_options(self) -> PodOptions:
         """The kubernetes settings of both MPIJob pods (validated)."""

@@ -21,7 +21,7 @@ from operators.command import (
     trainer_args_to_argv,
 )
 from operators.exceptions import HorovodConfigError, HorovodTrainingError, TrainingCompletedError
-from operators.job import HorovodJobOperatorBase, as_int, is_templated, job_name
+from operators.job import HorovodJobOperatorBase, as_int, is_templated
 from operators.launchers.base import JobSpec
 from trainer.layout import CHECKPOINT_NAME, METRICS_NAME
 
@@ -193,12 +193,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         if resume:
             self.log.info("try %d: resuming from the checkpoint in %s", try_number, self.output_uri)
         public, secret = self.job_env()
-        name = job_name(
-            str(getattr(self, "dag_id", "") or ""),
-            self.task_id,
-            str(context.get("run_id", "") or ""),
-            try_number,
-        )
+        name, labels = self.job_identity(context)
         preflight = (
             doctor_argv(self.entrypoint, num_proc, self.gpus_per_proc)
             if is_our_trainer(self.entrypoint) and self.launcher == "local"
@@ -236,6 +231,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             distributed=True,
             preflight_argv=preflight,
             controller=self.controller,
+            labels=labels,
         )
         return spec, hosts
 

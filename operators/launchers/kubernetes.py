@@ -22,9 +22,17 @@ from typing import Any
 
 from operators.command import RANK_ENV_FILE_VAR, Host, horovodrun_argv, rank_env_file_text
 from operators.exceptions import HorovodLaunchError, HorovodTimeoutError, HorovodTrainingError
-from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
+from operators.launchers.base import (
+    JOB_LABEL,
+    JobResult,
+    JobSpec,
+    Launcher,
+    LogTail,
+    describe_failure,
+)
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+DELETE_WAIT_S = 300.0  # how long a retry waits for the earlier try's job to be deleted
 SECRET_MOUNT = "/etc/hva-rank-env"
 SECRET_KEY = "rank.env"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -161,6 +169,12 @@ def secret_name(job: str) -> str:
     return f"{job}-rank-env"
 
 
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """The labels of the MPIJob, its pods and its Secret: the task instance's (``dag_id``,
+    ``task_id``, ``run_id``, ``try_number``) and the job's name."""
+    return {**spec.labels, JOB_LABEL: spec.name}
+
+
 def build_mpijob(
     spec: JobSpec,
     *,
@@ -200,13 +214,12 @@ def build_mpijob(
     gpus = spec.gpus_per_proc * slots_per_worker
     options = pod_options or PodOptions()
 
+    labels = job_labels(spec)
+
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
         pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
         options.apply(pod_spec, container)
-        return {
-            "metadata": {"labels": {"horovod-airflow/job": name, "role": role}},
-            "spec": pod_spec,
-        }
+        return {"metadata": {"labels": {**labels, "role": role}}, "spec": pod_spec}
 
     worker_container: dict[str, Any] = {
         "name": "worker",
@@ -243,7 +256,7 @@ def build_mpijob(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"horovod-airflow/job": name},
+            "labels": labels,
         },
         "spec": {
             "slotsPerWorker": slots_per_worker,
@@ -316,41 +329,65 @@ class KubernetesLauncher(Launcher):
         )
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:
-        """Create the Secret and the MPIJob; return ``{"name", "namespace"}``."""
-        body = self.manifest(spec)
+        """Start the job of this task instance, or re-attach to the one an earlier try left
+        running; return ``{"name", "namespace"}``.
+
+        The name is the same for every try (``operators.job.job_name``), so two jobs of one
+        task instance never write one output: a running one is waited for, not duplicated; a
+        finished one (kept by ``cleanup``) is deleted before the new one is created; and a
+        job that appears meanwhile (409 on create) is re-attached to.
+        """
+        from kubernetes.client.exceptions import ApiException
+
         ns = self.namespace
-        try:
-            if spec.secret_env:
-                self.hook.core_v1_client.create_namespaced_secret(
-                    namespace=ns,
-                    body={
-                        "apiVersion": "v1",
-                        "kind": "Secret",
-                        "metadata": {
-                            "name": secret_name(spec.name),
-                            "namespace": ns,
-                            "labels": {"horovod-airflow/job": spec.name},
-                        },
-                        "type": "Opaque",
-                        "stringData": {SECRET_KEY: rank_env_file_text(spec.secret_env)},
-                    },
+        ref = {"name": spec.name, "namespace": ns}
+        existing = self.find(ref)
+        if existing is not None:
+            phase, message = mpijob_phase(existing)
+            meta = existing.get("metadata") or {}
+            made_by = f"try {(meta.get('labels') or {}).get('try_number', '?')}"
+            if phase == "running" and not meta.get("deletionTimestamp"):
+                log.info(
+                    "MPIJob %s/%s of this task instance (made by %s) is still running: "
+                    "re-attaching to it instead of starting a second one",
+                    ns,
+                    spec.name,
+                    made_by,
                 )
+                self._ref = ref
+                return dict(ref)
+            log.info(
+                "deleting MPIJob %s/%s (made by %s, %s%s) before starting this try",
+                ns,
+                spec.name,
+                made_by,
+                "being deleted" if meta.get("deletionTimestamp") else phase,
+                f": {message}" if message else "",
+            )
+            self.delete(ref)
+            self.wait_until_gone(ref)
+        body = self.manifest(spec)
+        if spec.secret_env:
+            self.create_secret(spec, ns)
+        try:
             created = self.hook.create_custom_object(
                 group=GROUP, version=VERSION, plural=PLURAL, body=body, namespace=ns
             )
-        except Exception as e:
-            if spec.secret_env:  # a Secret without its job would hold credentials forever
-                try:
-                    self.delete_secret({"name": spec.name, "namespace": ns})
-                except Exception as cleanup_error:
-                    log.warning(
-                        "could not delete Secret %s/%s after the failed create: %s",
-                        ns,
-                        secret_name(spec.name),
-                        cleanup_error,
-                    )
+        except ApiException as e:
+            if e.status == 409:  # made between the look-up and the create: the same instance's
+                log.warning(
+                    "MPIJob %s/%s appeared while this try created it: re-attaching to it",
+                    ns,
+                    spec.name,
+                )
+                self._ref = ref
+                return dict(ref)
+            self.abandon_secret(spec, ns, log)
             raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
-        self._ref = {"name": spec.name, "namespace": ns}
+        except Exception as e:
+            self.abandon_secret(spec, ns, log)
+            raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
+        self._ref = ref
         uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
         if spec.secret_env and uid:
             # The Secret dies with the MPIJob (Kubernetes garbage collection).
@@ -374,7 +411,89 @@ class KubernetesLauncher(Launcher):
             except Exception as e:
                 log.warning("could not make the MPIJob own its Secret: %s", e)
         log.info("submitted MPIJob %s/%s (%d ranks)", ns, spec.name, spec.num_proc)
-        return dict(self._ref)
+        return dict(ref)
+
+    def create_secret(self, spec: JobSpec, namespace: str) -> None:
+        """Create the job's credential Secret; one left from an earlier try gets this try's
+        credentials (a running job of this instance reads the same connection's)."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self.hook.core_v1_client
+        data = {SECRET_KEY: rank_env_file_text(spec.secret_env)}
+        try:
+            try:
+                core.create_namespaced_secret(
+                    namespace=namespace,
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "metadata": {
+                            "name": secret_name(spec.name),
+                            "namespace": namespace,
+                            "labels": job_labels(spec),
+                        },
+                        "type": "Opaque",
+                        "stringData": data,
+                    },
+                )
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                core.patch_namespaced_secret(
+                    name=secret_name(spec.name),
+                    namespace=namespace,
+                    body={"metadata": {"labels": job_labels(spec)}, "stringData": data},
+                )
+        except Exception as e:
+            raise HorovodLaunchError(
+                f"cannot create Secret {secret_name(spec.name)!r} in {namespace!r}: {e}"
+            ) from e
+
+    def abandon_secret(self, spec: JobSpec, namespace: str, log: Any) -> None:
+        """After a failed create: a Secret without its job would hold credentials forever."""
+        if not spec.secret_env:
+            return
+        try:
+            self.delete_secret({"name": spec.name, "namespace": namespace})
+        except Exception as cleanup_error:
+            log.warning(
+                "could not delete Secret %s/%s after the failed create: %s",
+                namespace,
+                secret_name(spec.name),
+                cleanup_error,
+            )
+
+    def find(self, ref: Mapping[str, str]) -> dict[str, Any] | None:
+        """The MPIJob named ``ref``, or None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self.hook.get_custom_object(
+                group=GROUP,
+                version=VERSION,
+                plural=PLURAL,
+                name=ref["name"],
+                namespace=ref["namespace"],
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise HorovodLaunchError(
+                f"cannot look up MPIJob {ref['namespace']}/{ref['name']}: {e}"
+            ) from e
+        return dict(obj or {})
+
+    def wait_until_gone(self, ref: Mapping[str, str], timeout: float | None = None) -> None:
+        """Wait for a deleted MPIJob to be gone (foreground deletion removes its pods first)."""
+        timeout = DELETE_WAIT_S if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while self.find(ref) is not None:
+            if time.monotonic() > deadline:
+                raise HorovodLaunchError(
+                    f"MPIJob {ref['namespace']}/{ref['name']} of an earlier try is still being "
+                    f"deleted after {timeout:.0f}s; this try does not start a second job"
+                )
+            time.sleep(min(self.poll_interval, 5.0))
 
     def status(self, ref: Mapping[str, str]) -> tuple[str, str]:
         obj = self.hook.get_custom_object(

@@ -76,6 +76,9 @@ class FakeCore:
 
     def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[name]["metadata"].update(body["metadata"])
+        if "stringData" in body:
+            self.secrets[name]["stringData"] = body["stringData"]
+            self.created_secret_text += json.dumps(body["stringData"])
 
     def delete_namespaced_secret(self, name: str, namespace: str) -> None:
         if name not in self.secrets:
@@ -99,12 +102,16 @@ class FakeHook:
         self.objects: dict[str, dict[str, Any]] = {}
         self.created: dict[str, dict[str, Any]] = {}  # kept after deletion
         self.deleted: list[str] = []
+        self.linger = 0  # get calls for which the next deleted MPIJob is still there
+        self.lingering: dict[str, int] = {}
 
     def get_namespace(self) -> str:
         return "ml"
 
     def create_custom_object(self, group, version, plural, body, namespace=None):
         assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
+        if body["metadata"]["name"] in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
         self.objects[body["metadata"]["name"]] = body
         self.created[body["metadata"]["name"]] = body
         return {**body, "metadata": {**body["metadata"], "uid": "uid-123"}}
@@ -112,13 +119,22 @@ class FakeHook:
     def get_custom_object(self, group, version, plural, name, namespace=None):
         if name not in self.objects:
             raise ApiException(status=404)
+        if name in self.lingering:  # deleted, its pods still terminating
+            self.lingering[name] -= 1
+            if not self.lingering[name]:
+                del self.lingering[name], self.objects[name]
+            return {**RUNNING, "metadata": {"name": name, "deletionTimestamp": "2026-12-04T00:00Z"}}
         return self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
 
     def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
         if name not in self.objects:
             raise ApiException(status=404)
-        del self.objects[name]
         self.deleted.append(name)
+        if self.linger:  # the first deletion only
+            self.lingering.setdefault(name, self.linger)
+            self.linger = 0
+        else:
+            del self.objects[name]
 
 
 def spec(**kw: Any) -> JobSpec:
@@ -627,3 +643,147 @@ def test_horovodrun_ssh_settings_are_refused_on_kubernetes(kwargs):
     (name,) = kwargs
     with pytest.raises(ValueError, match=f"{name}: only used by launcher='local'"):
         k8s_train_op(**kwargs)
+
+
+def left_by_try_1(state: dict[str, Any]) -> dict[str, Any]:
+    """An MPIJob an earlier try made, as the look-up of the next try sees it."""
+    return {**state, "metadata": {"name": "hvd-train-1234", "labels": {"try_number": "1"}}}
+
+
+@pytest.mark.parametrize(
+    ("left", "linger", "replaced", "message"),
+    [
+        (None, 0, False, "submitted MPIJob ml/hvd-train-1234"),
+        (RUNNING, 0, False, "(made by try 1) is still running: re-attaching to it"),
+        (SUCCEEDED, 0, True, "deleting MPIJob ml/hvd-train-1234 (made by try 1, succeeded)"),
+        (FAILED, 0, True, "(made by try 1, failed: BackoffLimitExceeded: launcher failed)"),
+        (FAILED, 3, True, "deleting MPIJob ml/hvd-train-1234 (made by try 1, failed"),
+    ],
+    ids=["first try", "running", "succeeded", "failed", "slow foreground deletion"],
+)
+def test_a_retry_reattaches_to_a_running_job_and_replaces_a_finished_one(
+    left, linger, replaced, message
+):
+    hook = FakeHook([left_by_try_1(left), SUCCEEDED] if left else [SUCCEEDED], log_text="[0]<x>:ok")
+    hook.linger = linger
+    if left:
+        hook.objects["hvd-train-1234"] = {"metadata": {"name": "hvd-train-1234"}}
+    log = LineLog()
+    result = launcher(hook).run(spec(labels={"try_number": "2"}), log)
+
+    assert result.exit_code == 0 and any(message in line for line in log.lines), log.lines
+    reattached = left is RUNNING
+    # Never two jobs of one task instance: the running one is waited for, a finished one is
+    # deleted (and gone) before the new one is created.
+    assert ("hvd-train-1234" in hook.created) is not reattached
+    assert hook.deleted == (["hvd-train-1234"] if replaced else []) + ["hvd-train-1234"]
+    assert hook.lingering == {}
+    if reattached:  # the running job keeps its own Secret; this try writes none
+        assert hook.core_v1_client.created_secret_text == ""
+    else:
+        assert hook.created["hvd-train-1234"]["metadata"]["labels"]["try_number"] == "2"
+
+
+def test_a_job_of_an_earlier_try_that_never_goes_away_fails_the_launch():
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([left_by_try_1(FAILED)])
+    hook.objects["hvd-train-1234"] = {}
+    hook.linger = 10**6
+    with (
+        mock.patch("operators.launchers.kubernetes.DELETE_WAIT_S", 0.05),
+        pytest.raises(HorovodLaunchError, match="still being deleted after 0s; this try does"),
+    ):
+        launcher(hook).submit(spec(), LineLog())
+    assert hook.created == {}
+
+
+def test_a_409_on_create_reattaches_to_the_job_that_appeared():
+    hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:done")
+    real_create = hook.create_custom_object
+
+    def raced(group, version, plural, body, namespace=None):
+        real_create(group, version, plural, body, namespace)  # another try's create won ...
+        return real_create(group, version, plural, body, namespace)  # ... this one gets 409
+
+    hook.create_custom_object = raced  # type: ignore[method-assign]
+    log = LineLog()
+    assert launcher(hook).run(spec(), log).exit_code == 0
+    assert any("appeared while this try created it: re-attaching" in line for line in log.lines)
+    # The Secret that job mounts was not deleted as if the create had failed: only at the end.
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+    assert hook.deleted == ["hvd-train-1234"]
+
+
+@pytest.mark.parametrize("status", [403, 500])
+def test_a_failed_look_up_starts_nothing(status):
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([RUNNING])
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ApiException(status=status, reason="nope")
+
+    hook.get_custom_object = refuse  # type: ignore[method-assign]
+    with pytest.raises(HorovodLaunchError, match="cannot look up MPIJob ml/hvd-train-1234"):
+        launcher(hook).submit(spec(), LineLog())
+    assert hook.created == {} and hook.core_v1_client.created_secret_text == ""
+
+
+def test_a_stale_secret_gets_this_tries_credentials():
+    hook = FakeHook([RUNNING])
+    hook.core_v1_client.secrets["hvd-train-1234-rank-env"] = {"metadata": {}, "stringData": {}}
+    real_create = hook.core_v1_client.create_namespaced_secret
+
+    def conflict(namespace: str, body: dict[str, Any]) -> None:
+        if body["metadata"]["name"] in hook.core_v1_client.secrets:
+            raise ApiException(status=409)
+        real_create(namespace, body)
+
+    hook.core_v1_client.create_namespaced_secret = conflict  # type: ignore[method-assign]
+    launcher(hook).submit(spec(), LineLog())
+    assert (
+        SECRET in hook.core_v1_client.secrets["hvd-train-1234-rank-env"]["stringData"]["rank.env"]
+    )
+
+
+def test_labels_of_the_task_instance_are_on_the_job_its_pods_and_its_secret(tmp_path):
+    op = k8s_train_op(output=str(tmp_path / "out"), secret_env={"HVA_TEST_TOKEN": "t0ken-v"})
+    ti = SimpleNamespace(try_number=3, map_index=-1)
+    ctx = {"ti": ti, "run_id": "manual__2026-12-04T18:49:33.123456+00:00"}
+    job, _ = op.build_spec(ctx)
+    first, _ = op.build_spec({**ctx, "ti": SimpleNamespace(try_number=1, map_index=-1)})
+    assert job.name == first.name  # one name for every try
+    hook = FakeHook([RUNNING])
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        launcher = op.make_launcher()
+        launcher.submit(job, LineLog())  # type: ignore[attr-defined]
+    body = hook.created[job.name]
+    expected = {"dag_id": "adhoc_airflow", "task_id": "train", "try_number": "3",
+                "horovod-airflow/job": job.name}  # fmt: skip
+    run_label = body["metadata"]["labels"]["run_id"]
+    assert run_label.startswith("manual__2026-12-04T18493")  # made safe: ':' and '+' dropped
+    assert len(run_label) <= 63
+    carriers = {
+        "MPIJob": body["metadata"],
+        "Launcher": body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["metadata"],
+        "Worker": body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["metadata"],
+        "Secret": hook.core_v1_client.secrets[f"{job.name}-rank-env"]["metadata"],
+    }
+    for what, meta in carriers.items():
+        assert expected.items() <= meta["labels"].items(), what
+        assert meta["labels"]["run_id"] == run_label, what
+
+
+def test_a_deferrable_retry_while_the_job_runs_defers_on_it_without_a_second_job(tmp_path):
+    op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"))
+    name = op.build_spec(context())[0].name
+    hook = FakeHook([left_by_try_1(RUNNING)])
+    hook.objects[name] = {"metadata": {"name": name}}
+    with (
+        mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook),
+        pytest.raises(TaskDeferred) as deferred,
+    ):
+        op.execute(context(try_number=2))
+    assert hook.created == {} and hook.deleted == []
+    assert deferred.value.trigger.name == name
