@@ -33,6 +33,11 @@ from operators.launchers.base import (
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 DELETE_WAIT_S = 300.0  # how long a retry waits for the earlier try's job to be deleted
+# Waiting out a flaky API server: consecutive transient errors (5xx, 429, connection) tolerated
+# while a job is watched, and the backoff between them (doubling: 1, 2, 4, 8, 16 s, ≤ 30 s).
+API_RETRIES = 5
+API_BACKOFF_S = 1.0
+API_BACKOFF_MAX_S = 30.0
 SECRET_MOUNT = "/etc/hva-rank-env"
 SECRET_KEY = "rank.env"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -149,6 +154,57 @@ class PodOptions:
             pod_spec["priorityClassName"] = self.priority_class
         if self.image_pull_policy:
             container["imagePullPolicy"] = self.image_pull_policy
+
+
+def is_transient(error: BaseException) -> bool:
+    """An API error worth another look: HTTP 5xx or 429, or no answer (connection refused or
+    reset, timeout). A 4xx (404: the job is gone, 403: no permission) is not."""
+    import urllib3.exceptions
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(error, ApiException):
+        status = error.status or 0
+        return status == 429 or status >= 500
+    return isinstance(
+        error,
+        urllib3.exceptions.MaxRetryError
+        | urllib3.exceptions.ProtocolError
+        | urllib3.exceptions.TimeoutError
+        | urllib3.exceptions.NewConnectionError
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
+class ApiRetry:
+    """Counts consecutive transient API errors while a job is watched: how long to back off
+    before the next look, or None to give up (not transient, or too many in a row)."""
+
+    def __init__(
+        self,
+        retries: int = API_RETRIES,
+        backoff: float = API_BACKOFF_S,
+        max_backoff: float = API_BACKOFF_MAX_S,
+    ) -> None:
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        self.failures = 0
+
+    def delay(self, error: BaseException) -> float | None:
+        if not is_transient(error):
+            return None
+        self.failures += 1
+        if self.failures > self.retries:
+            return None
+        return float(min(self.max_backoff, self.backoff * 2 ** (self.failures - 1)))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+    def describe(self, error: BaseException) -> str:
+        """The message of the event that gives up."""
+        if not is_transient(error):
+            return f"Kubernetes API error: {error}"
+        return f"{self.failures} Kubernetes API errors in a row (last: {error})"
 
 
 def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -505,22 +561,46 @@ class KubernetesLauncher(Launcher):
         )
         return mpijob_phase(obj)
 
+    def poll(
+        self, ref: Mapping[str, str], *, started_at: float, timeout: float | None
+    ) -> dict[str, Any] | None:
+        """One look at the job: the event that ends the wait, or None while it runs.
+
+        Shared by the polling loop (:meth:`run`) and :class:`operators.triggers.MPIJobTrigger`;
+        API errors propagate (the caller retries transient ones).
+        """
+        phase, message = self.status(ref)
+        if phase != "running":
+            status = "success" if phase == "succeeded" else "failed"
+            return {"status": status, "message": message, **ref}
+        if timeout is not None and time.time() - started_at > timeout:
+            return {
+                "status": "timeout",
+                "timeout": timeout,
+                "message": f"ran longer than {timeout}s",
+                **ref,
+            }
+        return None
+
     def run(self, spec: JobSpec, log: Any) -> JobResult:
         ref = self.submit(spec, log)
-        deadline = time.monotonic() + spec.timeout if spec.timeout else None
+        started_at = time.time()
+        retry = ApiRetry()
         while True:
             if self._ref is None:
                 raise HorovodTrainingError(f"MPIJob {ref['name']!r} was deleted (on_kill)")
-            phase, message = self.status(ref)
-            if phase != "running":
-                event = {
-                    "status": "success" if phase == "succeeded" else "failed",
-                    "message": message,
-                    **ref,
-                }
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                event = {"status": "timeout", "message": f"ran longer than {spec.timeout}s", **ref}
+            try:
+                event = self.poll(ref, started_at=started_at, timeout=spec.timeout)
+            except Exception as e:
+                delay = retry.delay(e)
+                if delay is None:
+                    event = {"status": "error", "message": retry.describe(e), **ref}
+                    break
+                log.warning("Kubernetes API error, next look in %.0fs: %s", delay, e)
+                time.sleep(delay)
+                continue
+            retry.reset()
+            if event is not None:
                 break
             time.sleep(self.poll_interval)
         return self.finish(
@@ -560,6 +640,14 @@ class KubernetesLauncher(Launcher):
         success = status == "success"
         if self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
             self.delete(ref)
+        elif status == "error":
+            # Its state is unknown (the API did not answer): it may still be running and
+            # reading its Secret. Both stay; a retry re-attaches to it or replaces it.
+            log.warning(
+                "kept MPIJob %s/%s and its Secret: the API did not say whether it still runs",
+                ref["namespace"],
+                ref["name"],
+            )
         else:
             # The job is kept for inspection, but its credentials never outlive it: the pods
             # have finished and the launcher's log is in the task log already.

@@ -30,6 +30,7 @@ from operators.launchers.kubernetes import (
     WORKER_COMMAND,
     WORKER_SSH_PORT,
     WORKER_SSHD_CONFIG,
+    ApiRetry,
     KubernetesLauncher,
     build_mpijob,
     mpijob_phase,
@@ -96,12 +97,15 @@ class FakeCore:
 
 
 class FakeHook:
-    def __init__(self, phases: list[dict[str, Any]], log_text: str = "") -> None:
+    """Serves ``phases`` (MPIJob states, or exceptions to raise) to successive looks."""
+
+    def __init__(self, phases: list[Any], log_text: str = "") -> None:
         self.phases = list(phases)
         self.core_v1_client = FakeCore(log_text)
         self.objects: dict[str, dict[str, Any]] = {}
         self.created: dict[str, dict[str, Any]] = {}  # kept after deletion
         self.deleted: list[str] = []
+        self.gets = 0  # looks at an existing MPIJob
         self.linger = 0  # get calls for which the next deleted MPIJob is still there
         self.lingering: dict[str, int] = {}
 
@@ -124,7 +128,11 @@ class FakeHook:
             if not self.lingering[name]:
                 del self.lingering[name], self.objects[name]
             return {**RUNNING, "metadata": {"name": name, "deletionTimestamp": "2026-12-04T00:00Z"}}
-        return self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        self.gets += 1
+        answer = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
         if name not in self.objects:
@@ -787,3 +795,90 @@ def test_a_deferrable_retry_while_the_job_runs_defers_on_it_without_a_second_job
         op.execute(context(try_number=2))
     assert hook.created == {} and hook.deleted == []
     assert deferred.value.trigger.name == name
+
+
+def unreachable() -> Exception:
+    import urllib3.exceptions
+
+    return urllib3.exceptions.MaxRetryError(None, "https://k8s:6443/apis", reason=None)
+
+
+def reset() -> Exception:
+    import urllib3.exceptions
+
+    return urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104))
+
+
+def test_the_backoff_doubles_is_capped_resets_and_gives_up():
+    retry = ApiRetry(retries=7, backoff=1.0, max_backoff=30.0)
+    error = ApiException(status=503)
+    assert [retry.delay(error) for _ in range(8)] == [1, 2, 4, 8, 16, 30, 30, None]
+    assert "8 Kubernetes API errors in a row" in retry.describe(error)
+    retry.reset()
+    assert retry.delay(ApiException(status=429)) == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (ApiException(status=500), True),
+        (ApiException(status=502), True),
+        (ApiException(status=503), True),
+        (ApiException(status=429), True),
+        (unreachable(), True),
+        (reset(), True),
+        (ConnectionRefusedError(111, "refused"), True),
+        (TimeoutError("read timed out"), True),
+        (ApiException(status=404), False),
+        (ApiException(status=403), False),
+        (ApiException(status=401), False),
+        (ApiException(status=422), False),
+        (ValueError("bad config"), False),
+    ],
+    ids=repr,
+)
+def test_which_api_errors_are_retried(error, transient):
+    retry = ApiRetry(retries=3, backoff=0.5)
+    assert (retry.delay(error) == 0.5) is transient
+    assert (retry.delay(error) is None) is not transient  # a 4xx never gets a second look
+
+
+@pytest.mark.parametrize(
+    ("answers", "status", "looks", "message"),
+    [
+        ([ApiException(status=500), ApiException(status=429), unreachable(), RUNNING, reset(),
+          SUCCEEDED], "success", 6, ""),
+        ([ApiException(status=503), RUNNING] * 4 + [FAILED], "failed", 9,
+         "BackoffLimitExceeded"),
+        ([ApiException(status=503)] * 5, "error", 4, "4 Kubernetes API errors in a row"),
+        ([ApiException(status=404)], "error", 1, "(404)"),
+        ([ApiException(status=403), RUNNING], "error", 1, "(403)"),
+    ],
+    ids=["transient errors then success", "errors apart reset the count", "too many in a row",
+         "404 at once", "403 at once"],
+)  # fmt: skip
+def test_the_trigger_retries_transient_api_errors_with_backoff(answers, status, looks, message):
+    hook = FakeHook(answers)
+    hook.objects["j"] = {}
+    trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.001, api_retries=3,
+                         api_backoff=0.001)  # fmt: skip
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        events = asyncio.run(_events(trig))
+    assert [e.payload["status"] for e in events] == [status]
+    assert hook.gets == looks
+    assert message in events[0].payload["message"]
+
+
+def test_the_polling_launcher_rides_out_transient_errors_and_keeps_an_unknown_job():
+    hook = FakeHook([ApiException(status=502), unreachable(), RUNNING, SUCCEEDED])
+    with mock.patch("operators.launchers.kubernetes.API_BACKOFF_S", 0.001):
+        assert launcher(hook).run(spec(), LineLog()).exit_code == 0
+    assert hook.gets == 4
+
+    hook = FakeHook([RUNNING, ApiException(status=403)])
+    log = LineLog()
+    with pytest.raises(HorovodTrainingError, match=r"error: Kubernetes API error: \(403\)"):
+        launcher(hook).run(spec(), log)
+    # Whether it still runs is unknown: the job and the Secret it reads stay for the retry.
+    assert hook.deleted == [] and hook.core_v1_client.deleted == []
+    assert any("the API did not say whether it still runs" in line for line in log.lines)
