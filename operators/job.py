@@ -18,7 +18,7 @@ from operators.command import Host, validate_env_name
 from operators.connection import AwsConnectionMixin
 from operators.exceptions import HorovodOperatorError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
-from operators.launchers.kubernetes import PodOptions
+from operators.launchers.kubernetes import STARTUP_TIMEOUT_S, PodOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -164,6 +164,9 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         workers) as ``serviceAccountName``, ``imagePullPolicy`` (``Always``, ``IfNotPresent``,
         ``Never``; None: the cluster's default), ``imagePullSecrets`` (Secret names),
         ``nodeSelector``, ``tolerations`` (dicts) and ``priorityClassName``.
+    :param startup_timeout: kubernetes only: seconds the MPIJob's pods may take to start
+        (scheduling, image pull) before the task fails naming the pod and the reason; None:
+        no limit. An image pull error, a crash loop or a failed pod fails it at once.
     :param worker_resources / launcher_resources: kubernetes only: ``{"requests": {...}, "limits":
         {...}}`` of each worker container (GPUs are not set here: ``gpus_per_proc`` adds
         ``nvidia.com/gpu``) and of the launcher container (horovodrun only; no rank runs there).
@@ -211,6 +214,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         priority_class: str | None = None,
         worker_resources: Mapping[str, Mapping[str, Any]] | None = None,
         launcher_resources: Mapping[str, Mapping[str, Any]] | None = None,
+        startup_timeout: float | None = STARTUP_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -262,6 +266,16 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         self.priority_class = priority_class
         self.worker_resources = {} if worker_resources is None else worker_resources
         self.launcher_resources = {} if launcher_resources is None else launcher_resources
+        if startup_timeout is not None and (
+            isinstance(startup_timeout, bool)
+            or not isinstance(startup_timeout, int | float)
+            or startup_timeout <= 0
+        ):
+            raise ValueError(
+                f"startup_timeout must be a positive number of seconds or None, "
+                f"got {startup_timeout!r}"
+            )
+        self.startup_timeout = startup_timeout
         self.pod_options()  # raises ValueError naming a bad kubernetes setting
         self._running: Launcher | None = None
         if not is_templated(launcher):
@@ -300,6 +314,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         kubernetes = self.pod_options().names_set()
         if self.deferrable:
             kubernetes.append("deferrable")
+        if self.startup_timeout != STARTUP_TIMEOUT_S:
+            kubernetes.append("startup_timeout")
         return {"kubernetes": kubernetes}
 
     def check_launcher_settings(self) -> None:
@@ -374,6 +390,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             poll_interval=self.poll_interval,
             cleanup=self.cleanup,
             pod_options=self.pod_options(),
+            startup_timeout=self.startup_timeout,
         )
 
     def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:
@@ -396,6 +413,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                         kubernetes_conn_id=self.kubernetes_conn_id,
                         poll_interval=self.poll_interval,
                         timeout=spec.timeout,
+                        startup_timeout=self.startup_timeout,
                     ),
                     method_name="execute_complete",
                     kwargs={"ref": ref},  # stored in the metadata DB: never secrets

@@ -22,8 +22,11 @@ class MPIJobTrigger(BaseTrigger):
     (``api_backoff`` seconds, doubling, at most ``api_retries`` in a row); any other error
     (a 404: the job was deleted; a 403) ends the wait at once with an ``"error"`` event.
 
-    Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "error",
-    "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
+    Until the job's launcher pod runs, a pod that cannot start (image pull, crash loop, failed)
+    ends the wait at once, and one still Pending after ``startup_timeout`` seconds too.
+
+    Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "not_started" |
+    "error", "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
     (mark failed or succeeded, clear), Airflow's triggerer calls :meth:`on_kill`, which deletes
     the MPIJob and its Secret; a triggerer restart or hand-over leaves the job running.
     """
@@ -37,10 +40,12 @@ class MPIJobTrigger(BaseTrigger):
         poll_interval: float = 15.0,
         timeout: float | None = None,
         started_at: float | None = None,
+        startup_timeout: float | None = None,
         api_retries: int = API_RETRIES,
         api_backoff: float = API_BACKOFF_S,
     ) -> None:
         super().__init__()
+        self.startup_timeout = startup_timeout
         self.api_retries = api_retries
         self.api_backoff = api_backoff
         self.name = name
@@ -61,6 +66,7 @@ class MPIJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "timeout": self.timeout,
                 "started_at": self.started_at,
+                "startup_timeout": self.startup_timeout,
                 "api_retries": self.api_retries,
                 "api_backoff": self.api_backoff,
             },
@@ -81,7 +87,11 @@ class MPIJobTrigger(BaseTrigger):
             try:
                 # The provider's sync client, off the event loop.
                 event = await asyncio.to_thread(
-                    launcher.poll, ref, started_at=self.started_at, timeout=self.timeout
+                    launcher.poll,
+                    ref,
+                    started_at=self.started_at,
+                    timeout=self.timeout,
+                    startup_timeout=self.startup_timeout,
                 )
             except Exception as e:
                 delay = retry.delay(e)  # None: a 4xx, or too many errors in a row

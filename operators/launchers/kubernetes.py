@@ -35,6 +35,22 @@ GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 DELETE_WAIT_S = 300.0  # how long a retry waits for the earlier try's job to be deleted
 # Waiting out a flaky API server: consecutive transient errors (5xx, 429, connection) tolerated
 # while a job is watched, and the backoff between them (doubling: 1, 2, 4, 8, 16 s, ≤ 30 s).
+STARTUP_TIMEOUT_S = 600.0  # default: how long the job's pods may take to start
+# Container states that a pod does not recover from by waiting (kubelet backs off and retries
+# forever): the job fails at once with the reason, as the cncf-kubernetes provider's
+# custom_object_launcher.check_pod_start_failure does.
+START_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 API_RETRIES = 5
 API_BACKOFF_S = 1.0
 API_BACKOFF_MAX_S = 30.0
@@ -207,6 +223,77 @@ class ApiRetry:
         return f"{self.failures} Kubernetes API errors in a row (last: {error})"
 
 
+def _pod_role(pod: Any) -> str:
+    labels = getattr(getattr(pod, "metadata", None), "labels", None) or {}
+    return str(labels.get(JOB_ROLE_LABEL) or labels.get("role") or "")
+
+
+def _pod_name(pod: Any) -> str:
+    return str(getattr(getattr(pod, "metadata", None), "name", "") or "?")
+
+
+def _pod_phase(pod: Any) -> str:
+    return str(getattr(getattr(pod, "status", None), "phase", "") or "Pending")
+
+
+def _why_pending(pod: Any) -> str:
+    """A Pending pod's reason: unschedulable (the scheduler's message) or a waiting container."""
+    status = getattr(pod, "status", None)
+    for cond in getattr(status, "conditions", None) or []:
+        if getattr(cond, "type", "") == "PodScheduled" and getattr(cond, "status", "") == "False":
+            return (
+                f"{getattr(cond, 'reason', '') or 'not scheduled'}: {getattr(cond, 'message', '')}"
+            )
+    for cs in getattr(status, "container_statuses", None) or []:
+        waiting = getattr(getattr(cs, "state", None), "waiting", None)
+        if waiting is not None and getattr(waiting, "reason", None):
+            return f"{waiting.reason}: {getattr(waiting, 'message', '') or ''}".rstrip(": ")
+    return "Pending"
+
+
+def pod_start_failure(
+    pods: Sequence[Any], name: str, *, elapsed: float, startup_timeout: float | None
+) -> tuple[str | None, bool]:
+    """(why the MPIJob ``name`` cannot start, or None; whether it has started).
+
+    It has started once its launcher pod left Pending (the MPI Operator creates the launcher
+    when every worker is ready). Before that, a container in a ``START_FAILURES`` state or a
+    pod that failed ends the job at once; a pod still Pending, or no pod at all, ends it after
+    ``startup_timeout`` seconds (None: never). The message names the pod and the reason.
+    """
+    if any(_pod_role(p) == "launcher" and _pod_phase(p) != "Pending" for p in pods):
+        return None, True
+    for pod in sorted(pods, key=_pod_name):
+        status = getattr(pod, "status", None)
+        if _pod_phase(pod) == "Failed":
+            why = getattr(status, "message", None) or getattr(status, "reason", None) or ""
+            return f"pod {_pod_name(pod)} failed before the job started: {why}".rstrip(": "), False
+        statuses = [
+            *(getattr(status, "init_container_statuses", None) or []),
+            *(getattr(status, "container_statuses", None) or []),
+        ]
+        for cs in statuses:
+            waiting = getattr(getattr(cs, "state", None), "waiting", None)
+            reason = getattr(waiting, "reason", None)
+            if reason in START_FAILURES:
+                message = getattr(waiting, "message", None) or ""
+                return (
+                    f"pod {_pod_name(pod)} (container {getattr(cs, 'name', '?')}): "
+                    f"{reason}: {message}".rstrip(": "),
+                    False,
+                )
+    if startup_timeout is None or elapsed <= startup_timeout:
+        return None, False
+    late = f"after {elapsed:.0f}s (startup_timeout={startup_timeout:.0f}s)"
+    if not pods:
+        return f"no pod of MPIJob {name} {late}: is the MPI Operator running?", False
+    for pod in sorted(pods, key=_pod_name):
+        if _pod_phase(pod) == "Pending":
+            return f"pod {_pod_name(pod)} still Pending {late}: {_why_pending(pod)}", False
+    workers = ", ".join(f"{_pod_name(p)} {_pod_phase(p)}" for p in sorted(pods, key=_pod_name))
+    return f"the launcher pod of MPIJob {name} was not created {late} (pods: {workers})", False
+
+
 def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
     """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from an MPIJob's conditions."""
     conditions = ((obj or {}).get("status") or {}).get("conditions") or []
@@ -350,8 +437,11 @@ class KubernetesLauncher(Launcher):
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
         pod_options: PodOptions | None = None,
+        startup_timeout: float | None = STARTUP_TIMEOUT_S,
         hook: Any | None = None,
     ) -> None:
+        self.startup_timeout = startup_timeout
+        self._started = False  # the job's launcher pod has left Pending
         self.image = image
         self.pod_options = pod_options or PodOptions()
         self.kubernetes_conn_id = kubernetes_conn_id
@@ -562,7 +652,12 @@ class KubernetesLauncher(Launcher):
         return mpijob_phase(obj)
 
     def poll(
-        self, ref: Mapping[str, str], *, started_at: float, timeout: float | None
+        self,
+        ref: Mapping[str, str],
+        *,
+        started_at: float,
+        timeout: float | None,
+        startup_timeout: float | None = None,
     ) -> dict[str, Any] | None:
         """One look at the job: the event that ends the wait, or None while it runs.
 
@@ -580,6 +675,18 @@ class KubernetesLauncher(Launcher):
                 "message": f"ran longer than {timeout}s",
                 **ref,
             }
+        if not self._started:  # until the launcher pod runs: fail fast on start failures
+            pods = self.hook.core_v1_client.list_namespaced_pod(
+                namespace=ref["namespace"], label_selector=f"{JOB_NAME_LABEL}={ref['name']}"
+            )
+            failure, self._started = pod_start_failure(
+                getattr(pods, "items", None) or [],
+                ref["name"],
+                elapsed=time.time() - started_at,
+                startup_timeout=startup_timeout,
+            )
+            if failure:
+                return {"status": "not_started", "message": failure, **ref}
         return None
 
     def run(self, spec: JobSpec, log: Any) -> JobResult:
@@ -590,7 +697,12 @@ class KubernetesLauncher(Launcher):
             if self._ref is None:
                 raise HorovodTrainingError(f"MPIJob {ref['name']!r} was deleted (on_kill)")
             try:
-                event = self.poll(ref, started_at=started_at, timeout=spec.timeout)
+                event = self.poll(
+                    ref,
+                    started_at=started_at,
+                    timeout=spec.timeout,
+                    startup_timeout=self.startup_timeout,
+                )
             except Exception as e:
                 delay = retry.delay(e)
                 if delay is None:
@@ -638,7 +750,10 @@ class KubernetesLauncher(Launcher):
             log.warning("could not read the launcher pod log of %s: %s", ref["name"], e)
         status = event.get("status")
         success = status == "success"
-        if self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
+        # A job that never started or ran out of time may still be running: whatever cleanup
+        # says, it goes, or the retry would re-attach to it (the provider deletes too).
+        stuck = status in ("not_started", "timeout")
+        if stuck or self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
             self.delete(ref)
         elif status == "error":
             # Its state is unknown (the API did not answer): it may still be running and
@@ -657,6 +772,12 @@ class KubernetesLauncher(Launcher):
                 log.warning("could not delete Secret of %s: %s", ref["name"], e)
         if success:
             return JobResult(exit_code=0, log_tail=out.tail())
+        if status == "not_started":
+            raise HorovodLaunchError(
+                f"MPIJob {ref['namespace']}/{ref['name']} did not start (deleted): "
+                f"{event.get('message')}",
+                log_tail=out.tail(),
+            )
         if status == "timeout":
             raise HorovodTimeoutError(
                 f"MPIJob {ref['name']!r} did not finish in time: {event.get('message')}",

@@ -34,6 +34,7 @@ from operators.launchers.kubernetes import (
     KubernetesLauncher,
     build_mpijob,
     mpijob_phase,
+    pod_start_failure,
 )
 from operators.triggers import MPIJobTrigger
 from tests.operators.helpers import PROGRAM, LineLog, context
@@ -63,6 +64,39 @@ FAILED = {
 }
 
 
+def pod(
+    name: str,
+    phase: str,
+    *,
+    role: str = "worker",
+    waiting: tuple[str, str] | None = None,
+    unschedulable: str | None = None,
+    message: str | None = None,
+) -> Any:
+    """A ``V1Pod`` as the client returns it (the attributes the launcher reads)."""
+    state = SimpleNamespace(
+        waiting=SimpleNamespace(reason=waiting[0], message=waiting[1]) if waiting else None
+    )
+    conditions = []
+    if unschedulable:
+        conditions.append(
+            SimpleNamespace(
+                type="PodScheduled", status="False", reason="Unschedulable", message=unschedulable
+            )
+        )
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name=name, labels={"role": role}),
+        status=SimpleNamespace(
+            phase=phase,
+            message=message,
+            reason=None,
+            conditions=conditions,
+            init_container_statuses=None,
+            container_statuses=[SimpleNamespace(name=role, state=state)],
+        ),
+    )
+
+
 class FakeCore:
     def __init__(self, log_text: str) -> None:
         self.secrets: dict[str, Any] = {}
@@ -70,6 +104,8 @@ class FakeCore:
         self.log_text = log_text
         self.created_secret_text = ""  # every Secret's data, kept after deletion
         self.selectors: list[str] = []
+        # what successive pod listings answer: by default the job's launcher pod, running
+        self.pods: list[list[Any]] = [[pod("job-launcher-abc", "Running", role="launcher")]]
 
     def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[body["metadata"]["name"]] = body
@@ -89,8 +125,10 @@ class FakeCore:
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
         self.selectors.append(label_selector)
-        pod = SimpleNamespace(metadata=SimpleNamespace(name="job-launcher-abc"))
-        return SimpleNamespace(items=[pod])
+        pods = self.pods.pop(0) if len(self.pods) > 1 else self.pods[0]
+        if label_selector.endswith("job-role=launcher"):
+            pods = [p for p in pods if p.metadata.labels.get("role") == "launcher"]
+        return SimpleNamespace(items=pods)
 
     def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
         return self.log_text
@@ -279,7 +317,8 @@ def test_polling_success_creates_secret_surfaces_log_and_cleans_up():
     assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
     assert secret == {}  # deleted with the job
     assert hook.core_v1_client.selectors == [
-        "training.kubeflow.org/job-name=hvd-train-1234,training.kubeflow.org/job-role=launcher"
+        "training.kubeflow.org/job-name=hvd-train-1234",  # started? (once: the launcher runs)
+        "training.kubeflow.org/job-name=hvd-train-1234,training.kubeflow.org/job-role=launcher",
     ]
 
 
@@ -346,6 +385,7 @@ def test_trigger_serialize_round_trip():
         poll_interval=3,
         timeout=60,
         started_at=1000.0,
+        startup_timeout=120,
     )
     path, kwargs = trig.serialize()
     assert path == "operators.triggers.MPIJobTrigger"
@@ -607,6 +647,9 @@ def test_without_pod_settings_the_cluster_defaults_apply():
             "sets nvidia.com/gpu: GPUs come from gpus_per_proc",
         ),
         ({"launcher_resources": []}, "launcher_resources must be a dict"),
+        ({"startup_timeout": 0}, "startup_timeout must be a positive number of seconds or None"),
+        ({"startup_timeout": "60"}, "startup_timeout must be a positive number"),
+        ({"startup_timeout": True}, "startup_timeout must be a positive number"),
     ],
 )
 def test_bad_pod_settings_are_named_at_parse_time(kwargs, message):
@@ -616,7 +659,9 @@ def test_bad_pod_settings_are_named_at_parse_time(kwargs, message):
 
 @pytest.mark.parametrize("launcher", ["local", "docker"])
 @pytest.mark.parametrize(
-    "kwargs", [{k: v} for k, v in POD_OPTIONS.items()] + [{"deferrable": True}], ids=str
+    "kwargs",
+    [{k: v} for k, v in POD_OPTIONS.items()] + [{"deferrable": True}, {"startup_timeout": 60}],
+    ids=str,
 )
 def test_kubernetes_settings_are_refused_with_another_launcher(launcher, kwargs):
     (name,) = kwargs
@@ -882,3 +927,103 @@ def test_the_polling_launcher_rides_out_transient_errors_and_keeps_an_unknown_jo
     # Whether it still runs is unknown: the job and the Secret it reads stay for the retry.
     assert hook.deleted == [] and hook.core_v1_client.deleted == []
     assert any("the API did not say whether it still runs" in line for line in log.lines)
+
+
+PULL = ("ImagePullBackOff", 'Back-off pulling image "hva/trainer:1"')
+W0, W1, LAUNCHER = "hvd-train-1234-worker-0", "hvd-train-1234-worker-1", "hvd-train-1234-launcher"
+
+
+@pytest.mark.parametrize(
+    ("pods", "elapsed", "startup_timeout", "failure", "started"),
+    [
+        ([pod(W0, "Running"), pod(LAUNCHER, "Running", role="launcher")], 1e6, 60, None, True),
+        ([pod(W0, "Running"), pod(W1, "Pending", waiting=PULL)], 1, 60,
+         f"pod {W1} (container worker): ImagePullBackOff: Back-off pulling image", False),
+        ([pod(W0, "Pending", waiting=("ErrImagePull", "not found"))], 1, None,
+         f"pod {W0} (container worker): ErrImagePull: not found", False),
+        ([pod(W0, "Pending", waiting=("InvalidImageName", "bad"))], 1, 60,
+         f"pod {W0} (container worker): InvalidImageName: bad", False),
+        ([pod(W0, "Running", waiting=("CrashLoopBackOff", "back-off 5m0s"))], 1, 60,
+         f"pod {W0} (container worker): CrashLoopBackOff: back-off 5m0s", False),
+        ([pod(W0, "Failed", message="sshd: no hostkeys available")], 1, 60,
+         f"pod {W0} failed before the job started: sshd: no hostkeys available", False),
+        ([pod(W0, "Pending", waiting=("ContainerCreating", ""))], 59, 60, None, False),
+        ([pod(W0, "Pending", waiting=("ContainerCreating", ""))], 61, 60,
+         f"pod {W0} still Pending after 61s (startup_timeout=60s): ContainerCreating", False),
+        ([pod(W0, "Running"), pod(W1, "Pending",
+          unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")], 601, 600,
+         f"pod {W1} still Pending after 601s (startup_timeout=600s): Unschedulable: 0/3 nodes "
+         "are available: 3 Insufficient nvidia.com/gpu.", False),
+        ([], 61, 60, "no pod of MPIJob hvd-train-1234 after 61s (startup_timeout=60s): is the "
+         "MPI Operator running?", False),
+        ([pod(W0, "Running")], 61, 60, "the launcher pod of MPIJob hvd-train-1234 was not "
+         f"created after 61s (startup_timeout=60s) (pods: {W0} Running)", False),
+        ([pod(W0, "Pending")], 1e9, None, None, False),  # None: waits for ever
+    ],
+    ids=["launcher runs", "image pull back-off", "pull error, no timeout", "invalid image",
+         "crash loop", "failed pod", "pending within the timeout", "pending past it",
+         "unschedulable", "no pods", "no launcher", "no startup timeout"],
+)  # fmt: skip
+def test_start_failures_name_the_pod_and_the_reason(
+    pods, elapsed, startup_timeout, failure, started
+):
+    found, has_started = pod_start_failure(
+        pods, "hvd-train-1234", elapsed=elapsed, startup_timeout=startup_timeout
+    )
+    assert has_started is started
+    if failure is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(failure), found
+
+
+@pytest.mark.parametrize(
+    ("listings", "startup_timeout", "message"),
+    [
+        ([[pod(W0, "Pending", waiting=("ContainerCreating", ""))],
+          [pod(W0, "Pending", waiting=PULL)]],
+         600, f"pod {W0} (container worker): ImagePullBackOff"),
+        ([[pod(W0, "Running"), pod(W1, "Pending", unschedulable="0/2 nodes: Insufficient cpu")]],
+         0.05, f"pod {W1} still Pending after 0s (startup_timeout=0s): Unschedulable: 0/2 nodes"),
+    ],
+    ids=["image pull", "unschedulable"],
+)  # fmt: skip
+def test_a_job_that_cannot_start_fails_the_task_fast_and_is_deleted(
+    listings, startup_timeout, message
+):
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([RUNNING])
+    hook.core_v1_client.pods = listings
+    with pytest.raises(HorovodLaunchError, match=re.escape(message)) as err:
+        launcher(hook, startup_timeout=startup_timeout).run(spec(timeout=3600), LineLog())
+    assert "did not start (deleted)" in str(err.value)
+    # Deleted although delete_on_success keeps failed jobs: a retry must not re-attach to it.
+    assert hook.deleted == ["hvd-train-1234"]
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+
+
+def test_once_the_launcher_runs_pods_are_no_longer_listed():
+    hook = FakeHook([RUNNING, RUNNING, RUNNING, SUCCEEDED])
+    launcher(hook).run(spec(), LineLog())
+    startup_looks = [s for s in hook.core_v1_client.selectors if "job-role" not in s]
+    assert len(startup_looks) == 1
+
+
+def test_the_deferred_task_fails_fast_on_a_start_failure_and_deletes_the_job(tmp_path):
+    from operators import HorovodLaunchError
+
+    op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"), startup_timeout=300)
+    hook = FakeHook([RUNNING])
+    hook.core_v1_client.pods = [[pod(W0, "Pending", waiting=PULL)]]
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context())
+        trigger = deferred.value.trigger
+        assert trigger.startup_timeout == 300
+        (event,) = asyncio.run(_events(trigger))
+        assert event.payload["status"] == "not_started"
+        assert f"pod {W0} (container worker): ImagePullBackOff" in event.payload["message"]
+        with pytest.raises(HorovodLaunchError, match="did not start"):
+            op.execute_complete(context(), event=event.payload, **deferred.value.kwargs)
+    assert list(hook.deleted) == [trigger.name]
