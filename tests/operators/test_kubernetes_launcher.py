@@ -32,12 +32,14 @@ from operators.launchers.kubernetes import (
     WORKER_SSHD_CONFIG,
     ApiRetry,
     KubernetesLauncher,
+    PodOptions,
     build_mpijob,
     mpijob_phase,
     pod_start_failure,
 )
 from operators.triggers import MPIJobTrigger
 from tests.operators.helpers import PROGRAM, LineLog, context
+from tests.operators.mpijob_schema import mpijob_errors
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
@@ -1027,3 +1029,76 @@ def test_the_deferred_task_fails_fast_on_a_start_failure_and_deletes_the_job(tmp
         with pytest.raises(HorovodLaunchError, match="did not start"):
             op.execute_complete(context(), event=event.payload, **deferred.value.kwargs)
     assert list(hook.deleted) == [trigger.name]
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    """Every shape of MPIJob the launcher builds."""
+    from operators.job import job_labels
+
+    labels = job_labels("mnist_horovod_retrain", "train", "manual__2026-12-04T18:49:33+00:00", 2)
+    return {
+        "train, all pod settings": build_mpijob(
+            spec(labels=labels), image="hva/trainer:1", namespace="ml", slots_per_worker=2,
+            pod_options=PodOptions(**POD_OPTIONS),
+        ),
+        "one-rank export": KubernetesLauncher(
+            image="hva/trainer:1", hook=FakeHook([]), slots_per_worker=2
+        ).manifest(spec(num_proc=1, distributed=False, labels=labels)),
+        "cpu, no secrets, no timeout": build_mpijob(
+            spec(gpus_per_proc=0, secret_env={}, timeout=None), image="hva/trainer:1",
+            namespace="ml", slots_per_worker=1,
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(manifests()))
+def test_every_manifest_passes_the_mpijob_api_checks(shape):
+    assert mpijob_errors(manifests()[shape]) == []
+
+
+def _set(path: str, value: Any) -> Any:
+    def mutate(body: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = body
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+
+    return mutate
+
+
+WORKER_POD = "spec.mpiReplicaSpecs.Worker.template.spec"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error"),
+    [
+        (_set("kind", "Job"), "apiVersion/kind"),
+        (_set("spec.sshAuthMountPath", ""), "spec.sshAuthMountPath: must have a mount path"),
+        (_set("spec.launcherCreationPolicy", "Later"), "spec.launcherCreationPolicy: 'Later'"),
+        (_set("spec.slotsPerWorker", "2"), "spec.slotsPerWorker: must be a non-negative"),
+        (_set("spec.waitForWorkers", True), "spec: unknown field 'waitForWorkers'"),
+        (_set("spec.runPolicy.cleanPodPolicy", "Some"), "spec.runPolicy.cleanPodPolicy: 'Some'"),
+        (_set("spec.runPolicy.activeDeadlineSeconds", -1), "activeDeadlineSeconds: must be a"),
+        (_set("spec.mpiReplicaSpecs.Launcher.replicas", 2), "Launcher.replicas: must be 1"),
+        (_set("spec.mpiReplicaSpecs.Worker.replicas", 0), "Worker.replicas: must be greater"),
+        (_set("spec.mpiReplicaSpecs.Worker.restartPolicy", "Always"), "Worker.restartPolicy"),
+        (_set(f"{WORKER_POD}.nodeSelectors", {"a": "b"}), "unknown field 'nodeSelectors'"),
+        (_set(f"{WORKER_POD}.containers.0.commands", ["sshd"]), "unknown field 'commands'"),
+        (_set(f"{WORKER_POD}.containers.0.command", "sshd -D"), "command: must be a list"),
+        (_set(f"{WORKER_POD}.containers.0.readinessProbe", {"tcpSocket": {"prt": 2222}}),
+         "unknown field 'prt' of V1TCPSocketAction"),
+        (_set(f"{WORKER_POD}.tolerations.0.tolerationSeconds", "60"), "must be an integer"),
+        (_set(f"{WORKER_POD}.containers", []), "must define at least one container"),
+        (_set("spec.mpiReplicaSpecs.Worker.template.metadata.labels.run_id", "a:b"),
+         "label value 'a:b' is invalid"),
+        (_set("metadata.name", "x" * 60), "would not be a DNS-1035 label"),
+        (_set("metadata.name", "Hvd_Train"), "would not be a DNS-1035 label"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)  # fmt: skip
+def test_the_mpijob_checks_catch_what_the_api_would_refuse_or_prune(mutate, error):
+    body = manifests()["train, all pod settings"]
+    mutate(body)
+    errors = mpijob_errors(body)
+    assert any(error in e for e in errors), errors
