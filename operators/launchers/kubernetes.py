@@ -371,8 +371,9 @@ def build_mpijob(
         "env": env,
         "volumeMounts": mounts,
         # Ready once sshd listens: launcherCreationPolicy WaitForWorkersReady then starts the
-        # launcher only when horovodrun can reach every worker.
-        "readinessProbe": {"tcpSocket": {"port": WORKER_SSH_PORT}, "periodSeconds": 2},
+        # launcher only when horovodrun can reach every worker. Each probe is a connection sshd
+        # logs (-e: the pod log), hence every 5 s rather than more often.
+        "readinessProbe": {"tcpSocket": {"port": WORKER_SSH_PORT}, "periodSeconds": 5},
     }
     worker_resources = {kind: dict(amounts) for kind, amounts in options.worker_resources.items()}
     if gpus:
