@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from operators.exceptions import HorovodTrainingError
-from operators.job import HorovodJobOperatorBase, check_launcher, is_templated, job_name
+from operators.job import HorovodJobOperatorBase, is_templated
 from operators.launchers.base import JobSpec
 from trainer.layout import ONNX_NAME, PARITY_NAME
 
@@ -61,8 +61,6 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not is_templated(self.launcher):
-            check_launcher(self.launcher, self.image)
         for field, value in (("checkpoint", checkpoint), ("output", output)):
             if not value or not isinstance(value, str):
                 raise ValueError(f"{field} must be a URI (s3://... or a path), got {value!r}")
@@ -80,20 +78,13 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         self.require_parity = require_parity
 
     def build_spec(self, context: Context) -> JobSpec:
-        check_launcher(self.launcher, self.image)
+        self.check_launcher_settings()
         argv = [*self.entrypoint, "--checkpoint", self.checkpoint, "--output", self.output_uri]
         if self.data:
             argv += ["--data", self.data]
         argv += trainer_args_to_argv(self.export_args)
         public, secret = self.job_env()
-        ti = context.get("ti")
-        try_number = int(getattr(ti, "try_number", 1) or 1)
-        name = job_name(
-            str(getattr(self, "dag_id", "") or ""),
-            self.task_id,
-            str(context.get("run_id", "") or ""),
-            try_number,
-        )
+        name, labels = self.job_identity(context)
         return JobSpec(
             name=name,
             argv=argv,
@@ -103,6 +94,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
             gpus_per_proc=self.gpus_per_proc,
             timeout=self.timeout,
             distributed=False,
+            labels=labels,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:

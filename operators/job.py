@@ -18,6 +18,7 @@ from operators.command import Host, validate_env_name
 from operators.connection import AwsConnectionMixin
 from operators.exceptions import HorovodOperatorError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
+from operators.launchers.kubernetes import STARTUP_TIMEOUT_S, PodOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -107,11 +108,27 @@ def check_upstream(value: Any, field: str, keys: Sequence[str] = ()) -> None:
     as_mapping(value, field, keys)
 
 
-def job_name(dag_id: str, task_id: str, run_id: str, try_number: int) -> str:
-    """A DNS-1123 name (≤ 52 chars, room for MPIJob pod suffixes) unique per try."""
-    digest = hashlib.sha256(f"{dag_id}/{task_id}/{run_id}/{try_number}".encode()).hexdigest()
+def job_name(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
+    """A DNS-1123 name (≤ 52 chars, room for MPIJob pod suffixes), the same for every try of
+    one task instance: a retry finds the job (MPIJob, container) an earlier try left."""
+    instance = f"{dag_id}/{task_id}/{run_id}" + (f"/{map_index}" if map_index >= 0 else "")
+    digest = hashlib.sha256(instance.encode()).hexdigest()
     stem = re.sub(r"[^a-z0-9-]+", "-", task_id.lower()).strip("-")[:38] or "job"
     return f"hvd-{stem}-{digest[:8]}".strip("-")
+
+
+def job_labels(
+    dag_id: str, task_id: str, run_id: str, try_number: int, map_index: int = -1
+) -> dict[str, str]:
+    """The task instance's labels, made label-safe as ``KubernetesPodOperator`` makes them
+    (the provider's ``make_safe_label_value``: unsafe characters dropped, then a hash)."""
+    from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_value
+
+    labels = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id}
+    if map_index >= 0:
+        labels["map_index"] = str(map_index)
+    labels["try_number"] = str(try_number)
+    return {key: make_safe_label_value(value) for key, value in labels.items()}
 
 
 class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
@@ -142,6 +159,21 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     :param cleanup: MPIJob/container policy: ``"delete"``, ``"keep"`` or ``"delete_on_success"``.
     :param force_pull: docker only: pull ``image`` before every job; by default it is pulled
         only when the engine does not have it (with the registry login of ``docker_conn_id``).
+    :param service_account / image_pull_policy / image_pull_secrets / node_selector /
+        tolerations / priority_class: kubernetes only: set on both MPIJob pods (launcher and
+        workers) as ``serviceAccountName``, ``imagePullPolicy`` (``Always``, ``IfNotPresent``,
+        ``Never``; None: the cluster's default), ``imagePullSecrets`` (Secret names),
+        ``nodeSelector``, ``tolerations`` (dicts) and ``priorityClassName``.
+    :param startup_timeout: kubernetes only: seconds the MPIJob's pods may take to start
+        (scheduling, image pull) before the task fails naming the pod and the reason; None:
+        no limit. An image pull error, a crash loop or a failed pod fails it at once.
+    :param worker_resources / launcher_resources: kubernetes only: ``{"requests": {...}, "limits":
+        {...}}`` of each worker container (GPUs are not set here: ``gpus_per_proc`` adds
+        ``nvidia.com/gpu``) and of the launcher container (horovodrun only; no rank runs there).
+
+    A setting that only another launcher uses (a kubernetes setting with ``launcher="docker"``)
+    is refused with ``ValueError`` naming it: at parse time, or after rendering when
+    ``launcher`` is templated.
     """
 
     template_fields: Sequence[str] = ("env", "image")
@@ -174,6 +206,15 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
         force_pull: bool = False,
+        service_account: str | None = None,
+        image_pull_policy: str | None = None,
+        image_pull_secrets: Sequence[str] = (),
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: Sequence[Mapping[str, Any]] = (),
+        priority_class: str | None = None,
+        worker_resources: Mapping[str, Mapping[str, Any]] | None = None,
+        launcher_resources: Mapping[str, Mapping[str, Any]] | None = None,
+        startup_timeout: float | None = STARTUP_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -217,7 +258,75 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         self.poll_interval = poll_interval
         self.cleanup = cleanup
         self.force_pull = bool(force_pull)
+        self.service_account = service_account
+        self.image_pull_policy = image_pull_policy
+        self.image_pull_secrets = image_pull_secrets
+        self.node_selector = {} if node_selector is None else node_selector
+        self.tolerations = tolerations
+        self.priority_class = priority_class
+        self.worker_resources = {} if worker_resources is None else worker_resources
+        self.launcher_resources = {} if launcher_resources is None else launcher_resources
+        if startup_timeout is not None and (
+            isinstance(startup_timeout, bool)
+            or not isinstance(startup_timeout, int | float)
+            or startup_timeout <= 0
+        ):
+            raise ValueError(
+                f"startup_timeout must be a positive number of seconds or None, "
+                f"got {startup_timeout!r}"
+            )
+        self.startup_timeout = startup_timeout
+        self.pod_options()  # raises ValueError naming a bad kubernetes setting
         self._running: Launcher | None = None
+        if not is_templated(launcher):
+            self.check_launcher_settings()
+
+    def job_identity(self, context: Context) -> tuple[str, dict[str, str]]:
+        """(job name, labels) of this task instance: the name is the same for every try (a
+        retry finds the earlier try's job); the labels say which try made it. Labels are for
+        the container and MPIJob launchers only."""
+        ti = context.get("ti")
+        dag_id = str(getattr(self, "dag_id", "") or "")
+        run_id = str(context.get("run_id", "") or "")
+        map_index = getattr(ti, "map_index", -1)
+        map_index = map_index if isinstance(map_index, int) else -1
+        name = job_name(dag_id, self.task_id, run_id, map_index)
+        if self.launcher == "local":
+            return name, {}
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        return name, job_labels(dag_id, self.task_id, run_id, try_number, map_index)
+
+    def pod_options(self) -> PodOptions:
+        """The kubernetes settings of both MPIJob pods (validated)."""
+        return PodOptions(
+            service_account=self.service_account,
+            image_pull_policy=self.image_pull_policy,
+            image_pull_secrets=self.image_pull_secrets,
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            priority_class=self.priority_class,
+            worker_resources=self.worker_resources,
+            launcher_resources=self.launcher_resources,
+        )
+
+    def launcher_only_settings(self) -> dict[str, list[str]]:
+        """launcher → the settings given that only that launcher uses."""
+        kubernetes = self.pod_options().names_set()
+        if self.deferrable:
+            kubernetes.append("deferrable")
+        if self.startup_timeout != STARTUP_TIMEOUT_S:
+            kubernetes.append("startup_timeout")
+        return {"kubernetes": kubernetes}
+
+    def check_launcher_settings(self) -> None:
+        """:func:`check_launcher`, and no setting given that the launcher would ignore."""
+        check_launcher(self.launcher, self.image)
+        for launcher, names in self.launcher_only_settings().items():
+            if names and self.launcher != launcher:
+                raise ValueError(
+                    f"{', '.join(names)}: only used by launcher={launcher!r}, and launcher is "
+                    f"{self.launcher!r}; remove {'them' if len(names) > 1 else 'it'}"
+                )
 
     def job_env(self) -> tuple[dict[str, str], dict[str, str]]:
         """(non-secret env, secret env) for the job, from ``env``, the AWS connection and
@@ -280,6 +389,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             slots_per_worker=self.slots_per_worker,
             poll_interval=self.poll_interval,
             cleanup=self.cleanup,
+            pod_options=self.pod_options(),
+            startup_timeout=self.startup_timeout,
         )
 
     def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:
@@ -302,6 +413,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                         kubernetes_conn_id=self.kubernetes_conn_id,
                         poll_interval=self.poll_interval,
                         timeout=spec.timeout,
+                        startup_timeout=self.startup_timeout,
                     ),
                     method_name="execute_complete",
                     kwargs={"ref": ref},  # stored in the metadata DB: never secrets

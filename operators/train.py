@@ -21,7 +21,7 @@ from operators.command import (
     trainer_args_to_argv,
 )
 from operators.exceptions import HorovodConfigError, HorovodTrainingError, TrainingCompletedError
-from operators.job import HorovodJobOperatorBase, as_int, check_launcher, is_templated, job_name
+from operators.job import HorovodJobOperatorBase, as_int, is_templated
 from operators.launchers.base import JobSpec
 from trainer.layout import CHECKPOINT_NAME, METRICS_NAME
 
@@ -130,6 +130,19 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         self.ssh_identity_file = ssh_identity_file
         self.network_interface = network_interface
         self.controller = controller
+        if not is_templated(self.launcher):
+            self.check_launcher_settings()
+
+    def launcher_only_settings(self) -> dict[str, list[str]]:
+        """Adds horovodrun's ssh settings: only the local launcher picks the hosts it reaches
+        (kubernetes: the image's sshd port and the MPI Operator's key; docker: localhost)."""
+        settings = super().launcher_only_settings()
+        settings["local"] = [
+            name
+            for name in ("ssh_port", "ssh_identity_file", "network_interface")
+            if getattr(self, name, None) is not None
+        ]
+        return settings
 
     def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         """Validate the rendered fields and build the job (command, env, secrets).
@@ -157,7 +170,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             )
 
     def _build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
-        check_launcher(self.launcher, self.image)
+        self.check_launcher_settings()
         num_proc = as_int(self.num_proc, "num_proc", minimum=1)
         hosts = parse_hosts(self.hosts, num_proc)
         if self.launcher != "local" and self.hosts is not None:
@@ -180,12 +193,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         if resume:
             self.log.info("try %d: resuming from the checkpoint in %s", try_number, self.output_uri)
         public, secret = self.job_env()
-        name = job_name(
-            str(getattr(self, "dag_id", "") or ""),
-            self.task_id,
-            str(context.get("run_id", "") or ""),
-            try_number,
-        )
+        name, labels = self.job_identity(context)
         preflight = (
             doctor_argv(self.entrypoint, num_proc, self.gpus_per_proc)
             if is_our_trainer(self.entrypoint) and self.launcher == "local"
@@ -223,6 +231,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             distributed=True,
             preflight_argv=preflight,
             controller=self.controller,
+            labels=labels,
         )
         return spec, hosts
 

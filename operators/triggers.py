@@ -12,12 +12,21 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
+
 
 class MPIJobTrigger(BaseTrigger):
     """Poll a Kubeflow MPIJob until it succeeds, fails or runs past ``timeout``.
 
-    Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "error",
-    "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
+    Transient API errors (HTTP 5xx, 429, no connection) are retried with exponential backoff
+    (``api_backoff`` seconds, doubling, at most ``api_retries`` in a row); any other error
+    (a 404: the job was deleted; a 403) ends the wait at once with an ``"error"`` event.
+
+    Until the job's launcher pod runs, a pod that cannot start (image pull, crash loop, failed)
+    ends the wait at once, and one still Pending after ``startup_timeout`` seconds too.
+
+    Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "not_started" |
+    "error", "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
     (mark failed or succeeded, clear), Airflow's triggerer calls :meth:`on_kill`, which deletes
     the MPIJob and its Secret; a triggerer restart or hand-over leaves the job running.
     """
@@ -31,8 +40,14 @@ class MPIJobTrigger(BaseTrigger):
         poll_interval: float = 15.0,
         timeout: float | None = None,
         started_at: float | None = None,
+        startup_timeout: float | None = None,
+        api_retries: int = API_RETRIES,
+        api_backoff: float = API_BACKOFF_S,
     ) -> None:
         super().__init__()
+        self.startup_timeout = startup_timeout
+        self.api_retries = api_retries
+        self.api_backoff = api_backoff
         self.name = name
         self.namespace = namespace
         self.kubernetes_conn_id = kubernetes_conn_id
@@ -51,6 +66,9 @@ class MPIJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "timeout": self.timeout,
                 "started_at": self.started_at,
+                "startup_timeout": self.startup_timeout,
+                "api_retries": self.api_retries,
+                "api_backoff": self.api_backoff,
             },
         )
 
@@ -64,26 +82,28 @@ class MPIJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         ref = {"name": self.name, "namespace": self.namespace}
         launcher = self._launcher()
+        retry = ApiRetry(retries=self.api_retries, backoff=self.api_backoff)
         while True:
             try:
                 # The provider's sync client, off the event loop.
-                phase, message = await asyncio.to_thread(launcher.status, ref)
-            except Exception as e:
-                yield TriggerEvent({"status": "error", "message": str(e), **ref})
-                return
-            if phase != "running":
-                status = "success" if phase == "succeeded" else "failed"
-                yield TriggerEvent({"status": status, "message": message, **ref})
-                return
-            if self.timeout is not None and time.time() - self.started_at > self.timeout:
-                yield TriggerEvent(
-                    {
-                        "status": "timeout",
-                        "timeout": self.timeout,
-                        "message": f"ran longer than {self.timeout}s",
-                        **ref,
-                    }
+                event = await asyncio.to_thread(
+                    launcher.poll,
+                    ref,
+                    started_at=self.started_at,
+                    timeout=self.timeout,
+                    startup_timeout=self.startup_timeout,
                 )
+            except Exception as e:
+                delay = retry.delay(e)  # None: a 4xx, or too many errors in a row
+                if delay is None:
+                    yield TriggerEvent({"status": "error", "message": retry.describe(e), **ref})
+                    return
+                self.log.warning("Kubernetes API error, next look in %.1fs: %s", delay, e)
+                await asyncio.sleep(delay)
+                continue
+            retry.reset()
+            if event is not None:
+                yield TriggerEvent(event)
                 return
             await asyncio.sleep(self.poll_interval)
 

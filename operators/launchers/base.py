@@ -18,6 +18,8 @@ from typing import Any
 from operators.command import redact
 
 LOG_TAIL_LINES = 100
+#: The label naming the job on what a launcher creates (container, MPIJob, pods, Secret).
+JOB_LABEL = "horovod-airflow/job"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class JobSpec:
     distributed: bool = True  # argv is a horovodrun command (ranks source the secrets file)
     preflight_argv: Sequence[str] | None = None  # a doctor command to run first, if any
     controller: str = "gloo"  # horovodrun's controller: gloo, mpi or auto (its own choice)
+    labels: Mapping[str, str] = field(default_factory=dict)  # dag_id, task_id, run_id, try_number
 
 
 @dataclass(frozen=True)

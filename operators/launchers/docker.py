@@ -21,7 +21,14 @@ from typing import Any
 
 from operators.command import stash_secrets_script
 from operators.exceptions import HorovodLaunchError, HorovodTimeoutError, HorovodTrainingError
-from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
+from operators.launchers.base import (
+    JOB_LABEL,
+    JobResult,
+    JobSpec,
+    Launcher,
+    LogTail,
+    describe_failure,
+)
 
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
 
@@ -142,7 +149,7 @@ class DockerLauncher(Launcher):
             "host_config": host_config,
             "name": spec.name,
             "working_dir": self.working_dir,
-            "labels": {"horovod-airflow/job": spec.name},
+            "labels": {**spec.labels, JOB_LABEL: spec.name},
             "detach": True,
         }
 
@@ -158,11 +165,12 @@ class DockerLauncher(Launcher):
             with self._lock:
                 if self._stopped:
                     raise HorovodLaunchError("the task was killed before the container started")
-                container = client.create_container(**self.create_kwargs(spec))
-                self._container_id = cid = container["Id"]
-            log.info("created container %s (%s) from %s", spec.name, cid[:12], self.image)
+                cid, reattached = self._create_or_reattach(spec, log)
+                self._container_id = cid
+            # logs=True: a re-attached container's earlier output is replayed too.
             stream = client.attach(cid, stdout=True, stderr=True, stream=True, logs=True)
-            client.start(cid)
+            if not reattached:
+                client.start(cid)
             reader = threading.Thread(target=self._pump, args=(stream, out), daemon=True)
             reader.start()
             try:
@@ -203,6 +211,60 @@ class DockerLauncher(Launcher):
                 log_tail=out.tail(),
             )
         return JobResult(exit_code=0, log_tail=out.tail())
+
+    def _create_or_reattach(self, spec: JobSpec, log: Any) -> tuple[str, bool]:
+        """(container id, re-attached?). The name is the same for every try of a task
+        instance: a container an earlier try left running is waited for, not duplicated; one
+        that has exited (kept by ``cleanup``) is removed first; one that appears meanwhile
+        (409 on create) is re-attached to."""
+        from docker.errors import APIError
+
+        client = self.client
+        for attempt in (1, 2):
+            state = self._state(spec.name)
+            if state is not None:
+                made_by = f"try {state['labels'].get('try_number', '?')}"
+                if state["running"]:
+                    log.info(
+                        "container %s (%s) of this task instance (made by %s) is still "
+                        "running: re-attaching to it instead of starting a second one",
+                        spec.name,
+                        state["id"][:12],
+                        made_by,
+                    )
+                    return state["id"], True
+                log.info(
+                    "removing container %s (made by %s, %s) before starting this try",
+                    spec.name,
+                    made_by,
+                    state["status"],
+                )
+                client.remove_container(state["id"], force=True)
+            try:
+                cid = str(client.create_container(**self.create_kwargs(spec))["Id"])
+            except APIError as e:
+                if e.status_code == 409 and attempt == 1:  # made since the look-up
+                    continue
+                raise
+            log.info("created container %s (%s) from %s", spec.name, cid[:12], self.image)
+            return cid, False
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _state(self, name: str) -> dict[str, Any] | None:
+        """Id, running, status and labels of the container ``name``; None if there is none."""
+        from docker.errors import NotFound
+
+        try:
+            info = self.client.inspect_container(name)
+        except NotFound:
+            return None
+        state = info.get("State") or {}
+        return {
+            "id": str(info["Id"]),
+            "running": bool(state.get("Running")),
+            "status": f"{state.get('Status', '?')}, exit code {state.get('ExitCode', '?')}",
+            "labels": (info.get("Config") or {}).get("Labels") or {},
+        }
 
     def ensure_image(self, log: Any) -> None:
         """Pull ``image`` when the engine lacks it (or always, with ``force_pull``).

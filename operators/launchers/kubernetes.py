@@ -1,6 +1,10 @@
 """Run the job as a Kubeflow MPIJob (``kubeflow.org/v2beta1``): one launcher pod running
 ``horovodrun`` over ssh to ``num_proc / slots_per_worker`` worker pods.
 
+Both run the trainer image as its user (uid 1000): each worker is the image's sshd on port
+2222 (``WORKER_COMMAND``), the MPI Operator mounts the job's key pair in that user's ``~/.ssh``
+(``sshAuthMountPath``), and horovodrun connects with ``-p 2222``.
+
 The cluster client comes from the cncf-kubernetes provider's ``KubernetesHook``. Credentials
 never appear in the manifest: they go into a Kubernetes Secret (owned by the MPIJob, so it
 is garbage-collected with it) that is mounted as the private rank env file
@@ -13,17 +17,60 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from operators.command import RANK_ENV_FILE_VAR, Host, horovodrun_argv, rank_env_file_text
 from operators.exceptions import HorovodLaunchError, HorovodTimeoutError, HorovodTrainingError
-from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
+from operators.launchers.base import (
+    JOB_LABEL,
+    JobResult,
+    JobSpec,
+    Launcher,
+    LogTail,
+    describe_failure,
+)
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+DELETE_WAIT_S = 300.0  # how long a retry waits for the earlier try's job to be deleted
+# Waiting out a flaky API server: consecutive transient errors (5xx, 429, connection) tolerated
+# while a job is watched, and the backoff between them (doubling: 1, 2, 4, 8, 16 s, ≤ 30 s).
+STARTUP_TIMEOUT_S = 600.0  # default: how long the job's pods may take to start
+# Container states that a pod does not recover from by waiting (kubelet backs off and retries
+# forever): the job fails at once with the reason, as the cncf-kubernetes provider's
+# custom_object_launcher.check_pod_start_failure does.
+START_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+API_RETRIES = 5
+API_BACKOFF_S = 1.0
+API_BACKOFF_MAX_S = 30.0
 SECRET_MOUNT = "/etc/hva-rank-env"
 SECRET_KEY = "rank.env"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+
+# The trainer image as an MPIJob pod: docker/trainer.Dockerfile installs sshd and
+# docker/trainer-sshd_config; tests/operators/test_kubernetes_launcher.py checks these values
+# against those two files, so the image and the manifest cannot drift apart.
+TRAINER_HOME = "/home/trainer"  # the home of the image's user (uid 1000)
+# Where the MPI Operator mounts the job's key pair (id_rsa, id_rsa.pub, authorized_keys): the
+# user's ~/.ssh, so the launcher's ssh finds its key there and the worker's sshd serves it.
+SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
+WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
+WORKER_SSHD_CONFIG = "/etc/ssh/hva_worker_sshd_config"
+# A worker is only an sshd in the foreground (-D), logging to stderr (-e), i.e. to the pod log;
+# horovodrun in the launcher pod starts the ranks through it.
+WORKER_COMMAND: tuple[str, ...] = ("/usr/sbin/sshd", "-De", "-f", WORKER_SSHD_CONFIG)
 
 
 def KubernetesHook(**kwargs: Any) -> Any:
@@ -33,6 +80,218 @@ def KubernetesHook(**kwargs: Any) -> Any:
     )
 
     return _KubernetesHook(**kwargs)
+
+
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+RESOURCE_KINDS = ("requests", "limits")
+GPU_RESOURCE = "nvidia.com/gpu"
+TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+
+
+def _check_resources(value: Any, name: str, *, gpus_allowed: bool) -> None:
+    if not isinstance(value, Mapping) or not set(value) <= set(RESOURCE_KINDS):
+        raise ValueError(
+            f"{name} must be a dict with 'requests' and/or 'limits' (e.g. "
+            f"{{'requests': {{'cpu': '4', 'memory': '16Gi'}}}}), got {value!r}"
+        )
+    for kind, amounts in value.items():
+        if not isinstance(amounts, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
+            for k, v in amounts.items()
+        ):
+            raise ValueError(
+                f"{name}[{kind!r}] must map resource names to quantities, got {amounts!r}"
+            )
+        if not gpus_allowed and GPU_RESOURCE in amounts:
+            raise ValueError(
+                f"{name}[{kind!r}] sets {GPU_RESOURCE}: GPUs come from gpus_per_proc "
+                f"(× slots_per_worker per worker pod)"
+            )
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """Settings of both MPIJob pod templates (launcher and workers), validated on creation."""
+
+    service_account: str | None = None  # serviceAccountName of both pods
+    image_pull_policy: str | None = None  # Always | IfNotPresent | Never; None: the cluster's
+    image_pull_secrets: Sequence[str] = ()  # names of registry Secrets in the namespace
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # nodeSelector of both pods
+    tolerations: Sequence[Mapping[str, Any]] = ()  # tolerations of both pods
+    priority_class: str | None = None  # priorityClassName of both pods
+    worker_resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    launcher_resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("service_account", "priority_class"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if self.image_pull_policy is not None and self.image_pull_policy not in PULL_POLICIES:
+            raise ValueError(
+                f"image_pull_policy must be one of {', '.join(PULL_POLICIES)} or None, "
+                f"got {self.image_pull_policy!r}"
+            )
+        secrets = self.image_pull_secrets
+        if isinstance(secrets, str) or not all(isinstance(n, str) and n for n in secrets):
+            raise ValueError(f"image_pull_secrets must be a list of Secret names, got {secrets!r}")
+        if not isinstance(self.node_selector, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()
+        ):
+            raise ValueError(
+                f"node_selector must be a dict of label → value strings, got {self.node_selector!r}"
+            )
+        if isinstance(self.tolerations, Mapping | str):
+            raise ValueError(f"tolerations must be a list of dicts, got {self.tolerations!r}")
+        for toleration in self.tolerations:
+            if not isinstance(toleration, Mapping) or not set(toleration) <= TOLERATION_KEYS:
+                raise ValueError(
+                    f"tolerations entry {toleration!r} must be a dict of "
+                    f"{', '.join(sorted(TOLERATION_KEYS))}"
+                )
+        _check_resources(self.worker_resources, "worker_resources", gpus_allowed=False)
+        _check_resources(self.launcher_resources, "launcher_resources", gpus_allowed=True)
+
+    def names_set(self) -> list[str]:
+        """The settings given (every default is empty), to refuse them off Kubernetes."""
+        return [f.name for f in fields(self) if getattr(self, f.name)]
+
+    def apply(self, pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
+        """Put the settings shared by both pods into a pod spec and its container."""
+        if self.service_account:
+            pod_spec["serviceAccountName"] = self.service_account
+        if self.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": n} for n in self.image_pull_secrets]
+        if self.node_selector:
+            pod_spec["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod_spec["tolerations"] = [dict(t) for t in self.tolerations]
+        if self.priority_class:
+            pod_spec["priorityClassName"] = self.priority_class
+        if self.image_pull_policy:
+            container["imagePullPolicy"] = self.image_pull_policy
+
+
+def is_transient(error: BaseException) -> bool:
+    """An API error worth another look: HTTP 5xx or 429, or no answer (connection refused or
+    reset, timeout). A 4xx (404: the job is gone, 403: no permission) is not."""
+    import urllib3.exceptions
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(error, ApiException):
+        status = error.status or 0
+        return status == 429 or status >= 500
+    return isinstance(
+        error,
+        urllib3.exceptions.MaxRetryError
+        | urllib3.exceptions.ProtocolError
+        | urllib3.exceptions.TimeoutError
+        | urllib3.exceptions.NewConnectionError
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
+class ApiRetry:
+    """Counts consecutive transient API errors while a job is watched: how long to back off
+    before the next look, or None to give up (not transient, or too many in a row)."""
+
+    def __init__(
+        self,
+        retries: int = API_RETRIES,
+        backoff: float = API_BACKOFF_S,
+        max_backoff: float = API_BACKOFF_MAX_S,
+    ) -> None:
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        self.failures = 0
+
+    def delay(self, error: BaseException) -> float | None:
+        if not is_transient(error):
+            return None
+        self.failures += 1
+        if self.failures > self.retries:
+            return None
+        return float(min(self.max_backoff, self.backoff * 2 ** (self.failures - 1)))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+    def describe(self, error: BaseException) -> str:
+        """The message of the event that gives up."""
+        if not is_transient(error):
+            return f"Kubernetes API error: {error}"
+        return f"{self.failures} Kubernetes API errors in a row (last: {error})"
+
+
+def _pod_role(pod: Any) -> str:
+    labels = getattr(getattr(pod, "metadata", None), "labels", None) or {}
+    return str(labels.get(JOB_ROLE_LABEL) or labels.get("role") or "")
+
+
+def _pod_name(pod: Any) -> str:
+    return str(getattr(getattr(pod, "metadata", None), "name", "") or "?")
+
+
+def _pod_phase(pod: Any) -> str:
+    return str(getattr(getattr(pod, "status", None), "phase", "") or "Pending")
+
+
+def _why_pending(pod: Any) -> str:
+    """A Pending pod's reason: unschedulable (the scheduler's message) or a waiting container."""
+    status = getattr(pod, "status", None)
+    for cond in getattr(status, "conditions", None) or []:
+        if getattr(cond, "type", "") == "PodScheduled" and getattr(cond, "status", "") == "False":
+            return (
+                f"{getattr(cond, 'reason', '') or 'not scheduled'}: {getattr(cond, 'message', '')}"
+            )
+    for cs in getattr(status, "container_statuses", None) or []:
+        waiting = getattr(getattr(cs, "state", None), "waiting", None)
+        if waiting is not None and getattr(waiting, "reason", None):
+            return f"{waiting.reason}: {getattr(waiting, 'message', '') or ''}".rstrip(": ")
+    return "Pending"
+
+
+def pod_start_failure(
+    pods: Sequence[Any], name: str, *, elapsed: float, startup_timeout: float | None
+) -> tuple[str | None, bool]:
+    """(why the MPIJob ``name`` cannot start, or None; whether it has started).
+
+    It has started once its launcher pod left Pending (the MPI Operator creates the launcher
+    when every worker is ready). Before that, a container in a ``START_FAILURES`` state or a
+    pod that failed ends the job at once; a pod still Pending, or no pod at all, ends it after
+    ``startup_timeout`` seconds (None: never). The message names the pod and the reason.
+    """
+    if any(_pod_role(p) == "launcher" and _pod_phase(p) != "Pending" for p in pods):
+        return None, True
+    for pod in sorted(pods, key=_pod_name):
+        status = getattr(pod, "status", None)
+        if _pod_phase(pod) == "Failed":
+            why = getattr(status, "message", None) or getattr(status, "reason", None) or ""
+            return f"pod {_pod_name(pod)} failed before the job started: {why}".rstrip(": "), False
+        statuses = [
+            *(getattr(status, "init_container_statuses", None) or []),
+            *(getattr(status, "container_statuses", None) or []),
+        ]
+        for cs in statuses:
+            waiting = getattr(getattr(cs, "state", None), "waiting", None)
+            reason = getattr(waiting, "reason", None)
+            if reason in START_FAILURES:
+                message = getattr(waiting, "message", None) or ""
+                return (
+                    f"pod {_pod_name(pod)} (container {getattr(cs, 'name', '?')}): "
+                    f"{reason}: {message}".rstrip(": "),
+                    False,
+                )
+    if startup_timeout is None or elapsed <= startup_timeout:
+        return None, False
+    late = f"after {elapsed:.0f}s (startup_timeout={startup_timeout:.0f}s)"
+    if not pods:
+        return f"no pod of MPIJob {name} {late}: is the MPI Operator running?", False
+    for pod in sorted(pods, key=_pod_name):
+        if _pod_phase(pod) == "Pending":
+            return f"pod {_pod_name(pod)} still Pending {late}: {_why_pending(pod)}", False
+    workers = ", ".join(f"{_pod_name(p)} {_pod_phase(p)}" for p in sorted(pods, key=_pod_name))
+    return f"the launcher pod of MPIJob {name} was not created {late} (pods: {workers})", False
 
 
 def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -53,15 +312,19 @@ def secret_name(job: str) -> str:
     return f"{job}-rank-env"
 
 
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """The labels of the MPIJob, its pods and its Secret: the task instance's (``dag_id``,
+    ``task_id``, ``run_id``, ``try_number``) and the job's name."""
+    return {**spec.labels, JOB_LABEL: spec.name}
+
+
 def build_mpijob(
     spec: JobSpec,
     *,
     image: str,
     namespace: str,
     slots_per_worker: int,
-    ssh_port: int | None = None,
-    image_pull_policy: str = "IfNotPresent",
-    service_account: str | None = None,
+    pod_options: PodOptions | None = None,
 ) -> dict[str, Any]:
     """The MPIJob manifest for a horovodrun job. ``spec.argv`` is the program's command."""
     if spec.num_proc % slots_per_worker:
@@ -78,7 +341,7 @@ def build_mpijob(
         spec.argv,
         num_proc=spec.num_proc,
         hosts=hosts,
-        ssh_port=ssh_port,
+        ssh_port=WORKER_SSH_PORT,
         controller=spec.controller,
     )
     env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
@@ -92,33 +355,42 @@ def build_mpijob(
         )
         mounts.append({"name": "rank-env", "mountPath": SECRET_MOUNT, "readOnly": True})
     gpus = spec.gpus_per_proc * slots_per_worker
+    options = pod_options or PodOptions()
+
+    labels = job_labels(spec)
 
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
         pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
-        if service_account:
-            pod_spec["serviceAccountName"] = service_account
-        return {
-            "metadata": {"labels": {"horovod-airflow/job": name, "role": role}},
-            "spec": pod_spec,
-        }
+        options.apply(pod_spec, container)
+        return {"metadata": {"labels": {**labels, "role": role}}, "spec": pod_spec}
 
     worker_container: dict[str, Any] = {
         "name": "worker",
         "image": image,
-        "imagePullPolicy": image_pull_policy,
+        "command": list(WORKER_COMMAND),
         "env": env,
         "volumeMounts": mounts,
+        # Ready once sshd listens: launcherCreationPolicy WaitForWorkersReady then starts the
+        # launcher only when horovodrun can reach every worker. Each probe is a connection sshd
+        # logs (-e: the pod log), hence every 5 s rather than more often.
+        "readinessProbe": {"tcpSocket": {"port": WORKER_SSH_PORT}, "periodSeconds": 5},
     }
+    worker_resources = {kind: dict(amounts) for kind, amounts in options.worker_resources.items()}
     if gpus:
-        worker_container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
-    launcher_container = {
+        worker_resources.setdefault("limits", {})[GPU_RESOURCE] = gpus
+    if worker_resources:
+        worker_container["resources"] = worker_resources
+    launcher_container: dict[str, Any] = {
         "name": "launcher",
         "image": image,
-        "imagePullPolicy": image_pull_policy,
         "command": command,
         "env": env,
         "volumeMounts": mounts,
     }
+    if options.launcher_resources:
+        launcher_container["resources"] = {
+            kind: dict(amounts) for kind, amounts in options.launcher_resources.items()
+        }
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": 0}
     if spec.timeout:
         run_policy["activeDeadlineSeconds"] = int(spec.timeout)
@@ -128,10 +400,11 @@ def build_mpijob(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"horovod-airflow/job": name},
+            "labels": labels,
         },
         "spec": {
             "slotsPerWorker": slots_per_worker,
+            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
             "runPolicy": run_policy,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {
@@ -164,9 +437,14 @@ class KubernetesLauncher(Launcher):
         slots_per_worker: int = 1,
         poll_interval: float = 15.0,
         cleanup: str = "delete_on_success",
+        pod_options: PodOptions | None = None,
+        startup_timeout: float | None = STARTUP_TIMEOUT_S,
         hook: Any | None = None,
     ) -> None:
+        self.startup_timeout = startup_timeout
+        self._started = False  # the job's launcher pod has left Pending
         self.image = image
+        self.pod_options = pod_options or PodOptions()
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self.slots_per_worker = slots_per_worker
@@ -190,45 +468,73 @@ class KubernetesLauncher(Launcher):
         one rank on one worker pod, whatever ``slots_per_worker`` the training uses."""
         slots = self.slots_per_worker if spec.distributed else 1
         return build_mpijob(
-            spec, image=self.image, namespace=self.namespace, slots_per_worker=slots
+            spec,
+            image=self.image,
+            namespace=self.namespace,
+            slots_per_worker=slots,
+            pod_options=self.pod_options,
         )
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:
-        """Create the Secret and the MPIJob; return ``{"name", "namespace"}``."""
-        body = self.manifest(spec)
+        """Start the job of this task instance, or re-attach to the one an earlier try left
+        running; return ``{"name", "namespace"}``.
+
+        The name is the same for every try (``operators.job.job_name``), so two jobs of one
+        task instance never write one output: a running one is waited for, not duplicated; a
+        finished one (kept by ``cleanup``) is deleted before the new one is created; and a
+        job that appears meanwhile (409 on create) is re-attached to.
+        """
+        from kubernetes.client.exceptions import ApiException
+
         ns = self.namespace
-        try:
-            if spec.secret_env:
-                self.hook.core_v1_client.create_namespaced_secret(
-                    namespace=ns,
-                    body={
-                        "apiVersion": "v1",
-                        "kind": "Secret",
-                        "metadata": {
-                            "name": secret_name(spec.name),
-                            "namespace": ns,
-                            "labels": {"horovod-airflow/job": spec.name},
-                        },
-                        "type": "Opaque",
-                        "stringData": {SECRET_KEY: rank_env_file_text(spec.secret_env)},
-                    },
+        ref = {"name": spec.name, "namespace": ns}
+        existing = self.find(ref)
+        if existing is not None:
+            phase, message = mpijob_phase(existing)
+            meta = existing.get("metadata") or {}
+            made_by = f"try {(meta.get('labels') or {}).get('try_number', '?')}"
+            if phase == "running" and not meta.get("deletionTimestamp"):
+                log.info(
+                    "MPIJob %s/%s of this task instance (made by %s) is still running: "
+                    "re-attaching to it instead of starting a second one",
+                    ns,
+                    spec.name,
+                    made_by,
                 )
+                self._ref = ref
+                return dict(ref)
+            log.info(
+                "deleting MPIJob %s/%s (made by %s, %s%s) before starting this try",
+                ns,
+                spec.name,
+                made_by,
+                "being deleted" if meta.get("deletionTimestamp") else phase,
+                f": {message}" if message else "",
+            )
+            self.delete(ref)
+            self.wait_until_gone(ref)
+        body = self.manifest(spec)
+        if spec.secret_env:
+            self.create_secret(spec, ns)
+        try:
             created = self.hook.create_custom_object(
                 group=GROUP, version=VERSION, plural=PLURAL, body=body, namespace=ns
             )
-        except Exception as e:
-            if spec.secret_env:  # a Secret without its job would hold credentials forever
-                try:
-                    self.delete_secret({"name": spec.name, "namespace": ns})
-                except Exception as cleanup_error:
-                    log.warning(
-                        "could not delete Secret %s/%s after the failed create: %s",
-                        ns,
-                        secret_name(spec.name),
-                        cleanup_error,
-                    )
+        except ApiException as e:
+            if e.status == 409:  # made between the look-up and the create: the same instance's
+                log.warning(
+                    "MPIJob %s/%s appeared while this try created it: re-attaching to it",
+                    ns,
+                    spec.name,
+                )
+                self._ref = ref
+                return dict(ref)
+            self.abandon_secret(spec, ns, log)
             raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
-        self._ref = {"name": spec.name, "namespace": ns}
+        except Exception as e:
+            self.abandon_secret(spec, ns, log)
+            raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
+        self._ref = ref
         uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
         if spec.secret_env and uid:
             # The Secret dies with the MPIJob (Kubernetes garbage collection).
@@ -252,7 +558,89 @@ class KubernetesLauncher(Launcher):
             except Exception as e:
                 log.warning("could not make the MPIJob own its Secret: %s", e)
         log.info("submitted MPIJob %s/%s (%d ranks)", ns, spec.name, spec.num_proc)
-        return dict(self._ref)
+        return dict(ref)
+
+    def create_secret(self, spec: JobSpec, namespace: str) -> None:
+        """Create the job's credential Secret; one left from an earlier try gets this try's
+        credentials (a running job of this instance reads the same connection's)."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self.hook.core_v1_client
+        data = {SECRET_KEY: rank_env_file_text(spec.secret_env)}
+        try:
+            try:
+                core.create_namespaced_secret(
+                    namespace=namespace,
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "metadata": {
+                            "name": secret_name(spec.name),
+                            "namespace": namespace,
+                            "labels": job_labels(spec),
+                        },
+                        "type": "Opaque",
+                        "stringData": data,
+                    },
+                )
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                core.patch_namespaced_secret(
+                    name=secret_name(spec.name),
+                    namespace=namespace,
+                    body={"metadata": {"labels": job_labels(spec)}, "stringData": data},
+                )
+        except Exception as e:
+            raise HorovodLaunchError(
+                f"cannot create Secret {secret_name(spec.name)!r} in {namespace!r}: {e}"
+            ) from e
+
+    def abandon_secret(self, spec: JobSpec, namespace: str, log: Any) -> None:
+        """After a failed create: a Secret without its job would hold credentials forever."""
+        if not spec.secret_env:
+            return
+        try:
+            self.delete_secret({"name": spec.name, "namespace": namespace})
+        except Exception as cleanup_error:
+            log.warning(
+                "could not delete Secret %s/%s after the failed create: %s",
+                namespace,
+                secret_name(spec.name),
+                cleanup_error,
+            )
+
+    def find(self, ref: Mapping[str, str]) -> dict[str, Any] | None:
+        """The MPIJob named ``ref``, or None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self.hook.get_custom_object(
+                group=GROUP,
+                version=VERSION,
+                plural=PLURAL,
+                name=ref["name"],
+                namespace=ref["namespace"],
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise HorovodLaunchError(
+                f"cannot look up MPIJob {ref['namespace']}/{ref['name']}: {e}"
+            ) from e
+        return dict(obj or {})
+
+    def wait_until_gone(self, ref: Mapping[str, str], timeout: float | None = None) -> None:
+        """Wait for a deleted MPIJob to be gone (foreground deletion removes its pods first)."""
+        timeout = DELETE_WAIT_S if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while self.find(ref) is not None:
+            if time.monotonic() > deadline:
+                raise HorovodLaunchError(
+                    f"MPIJob {ref['namespace']}/{ref['name']} of an earlier try is still being "
+                    f"deleted after {timeout:.0f}s; this try does not start a second job"
+                )
+            time.sleep(min(self.poll_interval, 5.0))
 
     def status(self, ref: Mapping[str, str]) -> tuple[str, str]:
         obj = self.hook.get_custom_object(
@@ -264,22 +652,68 @@ class KubernetesLauncher(Launcher):
         )
         return mpijob_phase(obj)
 
+    def poll(
+        self,
+        ref: Mapping[str, str],
+        *,
+        started_at: float,
+        timeout: float | None,
+        startup_timeout: float | None = None,
+    ) -> dict[str, Any] | None:
+        """One look at the job: the event that ends the wait, or None while it runs.
+
+        Shared by the polling loop (:meth:`run`) and :class:`operators.triggers.MPIJobTrigger`;
+        API errors propagate (the caller retries transient ones).
+        """
+        phase, message = self.status(ref)
+        if phase != "running":
+            status = "success" if phase == "succeeded" else "failed"
+            return {"status": status, "message": message, **ref}
+        if timeout is not None and time.time() - started_at > timeout:
+            return {
+                "status": "timeout",
+                "timeout": timeout,
+                "message": f"ran longer than {timeout}s",
+                **ref,
+            }
+        if not self._started:  # until the launcher pod runs: fail fast on start failures
+            pods = self.hook.core_v1_client.list_namespaced_pod(
+                namespace=ref["namespace"], label_selector=f"{JOB_NAME_LABEL}={ref['name']}"
+            )
+            failure, self._started = pod_start_failure(
+                getattr(pods, "items", None) or [],
+                ref["name"],
+                elapsed=time.time() - started_at,
+                startup_timeout=startup_timeout,
+            )
+            if failure:
+                return {"status": "not_started", "message": failure, **ref}
+        return None
+
     def run(self, spec: JobSpec, log: Any) -> JobResult:
         ref = self.submit(spec, log)
-        deadline = time.monotonic() + spec.timeout if spec.timeout else None
+        started_at = time.time()
+        retry = ApiRetry()
         while True:
             if self._ref is None:
                 raise HorovodTrainingError(f"MPIJob {ref['name']!r} was deleted (on_kill)")
-            phase, message = self.status(ref)
-            if phase != "running":
-                event = {
-                    "status": "success" if phase == "succeeded" else "failed",
-                    "message": message,
-                    **ref,
-                }
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                event = {"status": "timeout", "message": f"ran longer than {spec.timeout}s", **ref}
+            try:
+                event = self.poll(
+                    ref,
+                    started_at=started_at,
+                    timeout=spec.timeout,
+                    startup_timeout=self.startup_timeout,
+                )
+            except Exception as e:
+                delay = retry.delay(e)
+                if delay is None:
+                    event = {"status": "error", "message": retry.describe(e), **ref}
+                    break
+                log.warning("Kubernetes API error, next look in %.0fs: %s", delay, e)
+                time.sleep(delay)
+                continue
+            retry.reset()
+            if event is not None:
                 break
             time.sleep(self.poll_interval)
         return self.finish(
@@ -317,8 +751,19 @@ class KubernetesLauncher(Launcher):
             log.warning("could not read the launcher pod log of %s: %s", ref["name"], e)
         status = event.get("status")
         success = status == "success"
-        if self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
+        # A job that never started or ran out of time may still be running: whatever cleanup
+        # says, it goes, or the retry would re-attach to it (the provider deletes too).
+        stuck = status in ("not_started", "timeout")
+        if stuck or self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
             self.delete(ref)
+        elif status == "error":
+            # Its state is unknown (the API did not answer): it may still be running and
+            # reading its Secret. Both stay; a retry re-attaches to it or replaces it.
+            log.warning(
+                "kept MPIJob %s/%s and its Secret: the API did not say whether it still runs",
+                ref["namespace"],
+                ref["name"],
+            )
         else:
             # The job is kept for inspection, but its credentials never outlive it: the pods
             # have finished and the launcher's log is in the task log already.
@@ -328,6 +773,12 @@ class KubernetesLauncher(Launcher):
                 log.warning("could not delete Secret of %s: %s", ref["name"], e)
         if success:
             return JobResult(exit_code=0, log_tail=out.tail())
+        if status == "not_started":
+            raise HorovodLaunchError(
+                f"MPIJob {ref['namespace']}/{ref['name']} did not start (deleted): "
+                f"{event.get('message')}",
+                log_tail=out.tail(),
+            )
         if status == "timeout":
             raise HorovodTimeoutError(
                 f"MPIJob {ref['name']!r} did not finish in time: {event.get('message')}",

@@ -62,10 +62,28 @@ class FakeDockerClient:
         self.images = {*self.images, f"{repository}:{tag}"}
         yield from self.pull_events
 
+    existing: dict[str, Any] | None = None  # inspect_container's answer for the job's name
+    race: dict[str, Any] | None = None  # becomes ``existing`` as the first create is refused
+
     def create_container(self, **kwargs: Any) -> dict[str, str]:
-        self.created = kwargs
+        from docker.errors import APIError
+
         self.calls.append(("create", kwargs["name"]))
+        if self.race is not None:
+            self.existing, self.race = self.race, None
+            raise APIError("Conflict", response=mock.Mock(status_code=409))
+        if self.existing is not None:
+            raise APIError("Conflict", response=mock.Mock(status_code=409))
+        self.created = kwargs
         return {"Id": "c0ffee" * 10}
+
+    def inspect_container(self, name_or_id: str) -> dict[str, Any]:
+        from docker.errors import NotFound
+
+        self.calls.append(("inspect", name_or_id))
+        if self.existing and name_or_id in (self.existing["Name"], self.existing["Id"]):
+            return self.existing
+        raise NotFound(f"No such container: {name_or_id}")
 
     def attach(self, cid: str, **kwargs: Any):
         self.calls.append(("attach", kwargs))
@@ -89,6 +107,8 @@ class FakeDockerClient:
 
     def remove_container(self, cid: str, force=False) -> None:
         self.calls.append(("remove", force))
+        if self.existing and cid == self.existing["Id"]:
+            self.existing = None
 
 
 def spec(**kw: Any) -> JobSpec:
@@ -158,9 +178,10 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
     assert host["Init"] is True
     assert host["Binds"] == ["/work/main:/work/main:ro"]
     assert host["Mounts"][0]["Source"] == "/opt/venv" and host["Mounts"][0]["ReadOnly"]
-    # create → attach(stream, logs) → start → wait → remove, in that order
+    # look-up → create → attach(stream, logs) → start → wait → remove, in that order
     assert [c[0] for c in client.calls] == [
         "inspect_image",
+        "inspect",
         "create",
         "attach",
         "start",
@@ -351,3 +372,59 @@ def test_split_image(image, expected):
     from operators.launchers.docker import split_image
 
     assert split_image(image) == expected
+
+
+def left_container(running: bool) -> dict[str, Any]:
+    """A container an earlier try left, as ``inspect_container`` describes it."""
+    return {
+        "Id": "01d" * 20,
+        "Name": "hvd-train-1234",
+        "State": {"Running": running, "Status": "running" if running else "exited",
+                  "ExitCode": 0 if running else 137},
+        "Config": {"Labels": {"try_number": "1", "horovod-airflow/job": "hvd-train-1234"}},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("left", "race", "calls", "message"),
+    [
+        (None, None, ["inspect", "create", "attach", "start", "wait"], "created container"),
+        (
+            left_container(running=True),
+            None,
+            ["inspect", "attach", "wait"],
+            "(made by try 1) is still running: re-attaching to it",
+        ),
+        (
+            left_container(running=False),
+            None,
+            ["inspect", "remove", "create", "attach", "start", "wait"],
+            "removing container hvd-train-1234 (made by try 1, exited, exit code 137)",
+        ),
+        (
+            None,
+            left_container(running=True),
+            ["inspect", "create", "inspect", "attach", "wait"],
+            "still running: re-attaching",
+        ),
+    ],
+    ids=["first try", "running", "exited", "409 on create"],
+)
+def test_a_retry_reattaches_to_a_running_container_and_replaces_an_exited_one(
+    left, race, calls, message
+):
+    client = FakeDockerClient([b"[0]<stdout>:epoch 1\n"], {"StatusCode": 0})
+    client.existing, client.race = left, race
+    log = LineLog()
+    result = launcher(client).run(spec(labels={"try_number": "2"}), log)
+    assert result.exit_code == 0 and "[0]<stdout>:epoch 1" in log.lines
+    assert any(message in line for line in log.lines), log.lines
+    started = [c[0] for c in client.calls if c[0] not in ("inspect_image",)]
+    assert started[: len(calls)] == calls
+    attach = next(kw for name, kw in client.calls if name == "attach")
+    assert attach["logs"] is True  # a re-attached container's earlier output is replayed
+    if "start" in calls:
+        assert client.created["labels"] == {
+            "try_number": "2",
+            "horovod-airflow/job": "hvd-train-1234",
+        }

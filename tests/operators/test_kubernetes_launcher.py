@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -22,10 +24,24 @@ from operators import (
 )
 from operators.command import RANK_ENV_WRAPPER
 from operators.launchers.base import JobSpec
-from operators.launchers.kubernetes import KubernetesLauncher, build_mpijob, mpijob_phase
+from operators.launchers.kubernetes import (
+    SSH_AUTH_MOUNT_PATH,
+    TRAINER_HOME,
+    WORKER_COMMAND,
+    WORKER_SSH_PORT,
+    WORKER_SSHD_CONFIG,
+    ApiRetry,
+    KubernetesLauncher,
+    PodOptions,
+    build_mpijob,
+    mpijob_phase,
+    pod_start_failure,
+)
 from operators.triggers import MPIJobTrigger
 from tests.operators.helpers import PROGRAM, LineLog, context
+from tests.operators.mpijob_schema import mpijob_errors
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
 RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
 SUCCEEDED = {
@@ -50,6 +66,39 @@ FAILED = {
 }
 
 
+def pod(
+    name: str,
+    phase: str,
+    *,
+    role: str = "worker",
+    waiting: tuple[str, str] | None = None,
+    unschedulable: str | None = None,
+    message: str | None = None,
+) -> Any:
+    """A ``V1Pod`` as the client returns it (the attributes the launcher reads)."""
+    state = SimpleNamespace(
+        waiting=SimpleNamespace(reason=waiting[0], message=waiting[1]) if waiting else None
+    )
+    conditions = []
+    if unschedulable:
+        conditions.append(
+            SimpleNamespace(
+                type="PodScheduled", status="False", reason="Unschedulable", message=unschedulable
+            )
+        )
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name=name, labels={"role": role}),
+        status=SimpleNamespace(
+            phase=phase,
+            message=message,
+            reason=None,
+            conditions=conditions,
+            init_container_statuses=None,
+            container_statuses=[SimpleNamespace(name=role, state=state)],
+        ),
+    )
+
+
 class FakeCore:
     def __init__(self, log_text: str) -> None:
         self.secrets: dict[str, Any] = {}
@@ -57,6 +106,8 @@ class FakeCore:
         self.log_text = log_text
         self.created_secret_text = ""  # every Secret's data, kept after deletion
         self.selectors: list[str] = []
+        # what successive pod listings answer: by default the job's launcher pod, running
+        self.pods: list[list[Any]] = [[pod("job-launcher-abc", "Running", role="launcher")]]
 
     def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[body["metadata"]["name"]] = body
@@ -64,6 +115,9 @@ class FakeCore:
 
     def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         self.secrets[name]["metadata"].update(body["metadata"])
+        if "stringData" in body:
+            self.secrets[name]["stringData"] = body["stringData"]
+            self.created_secret_text += json.dumps(body["stringData"])
 
     def delete_namespaced_secret(self, name: str, namespace: str) -> None:
         if name not in self.secrets:
@@ -73,26 +127,35 @@ class FakeCore:
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
         self.selectors.append(label_selector)
-        pod = SimpleNamespace(metadata=SimpleNamespace(name="job-launcher-abc"))
-        return SimpleNamespace(items=[pod])
+        pods = self.pods.pop(0) if len(self.pods) > 1 else self.pods[0]
+        if label_selector.endswith("job-role=launcher"):
+            pods = [p for p in pods if p.metadata.labels.get("role") == "launcher"]
+        return SimpleNamespace(items=pods)
 
     def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
         return self.log_text
 
 
 class FakeHook:
-    def __init__(self, phases: list[dict[str, Any]], log_text: str = "") -> None:
+    """Serves ``phases`` (MPIJob states, or exceptions to raise) to successive looks."""
+
+    def __init__(self, phases: list[Any], log_text: str = "") -> None:
         self.phases = list(phases)
         self.core_v1_client = FakeCore(log_text)
         self.objects: dict[str, dict[str, Any]] = {}
         self.created: dict[str, dict[str, Any]] = {}  # kept after deletion
         self.deleted: list[str] = []
+        self.gets = 0  # looks at an existing MPIJob
+        self.linger = 0  # get calls for which the next deleted MPIJob is still there
+        self.lingering: dict[str, int] = {}
 
     def get_namespace(self) -> str:
         return "ml"
 
     def create_custom_object(self, group, version, plural, body, namespace=None):
         assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
+        if body["metadata"]["name"] in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
         self.objects[body["metadata"]["name"]] = body
         self.created[body["metadata"]["name"]] = body
         return {**body, "metadata": {**body["metadata"], "uid": "uid-123"}}
@@ -100,13 +163,26 @@ class FakeHook:
     def get_custom_object(self, group, version, plural, name, namespace=None):
         if name not in self.objects:
             raise ApiException(status=404)
-        return self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        if name in self.lingering:  # deleted, its pods still terminating
+            self.lingering[name] -= 1
+            if not self.lingering[name]:
+                del self.lingering[name], self.objects[name]
+            return {**RUNNING, "metadata": {"name": name, "deletionTimestamp": "2026-12-04T00:00Z"}}
+        self.gets += 1
+        answer = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
         if name not in self.objects:
             raise ApiException(status=404)
-        del self.objects[name]
         self.deleted.append(name)
+        if self.linger:  # the first deletion only
+            self.lingering.setdefault(name, self.linger)
+            self.linger = 0
+        else:
+            del self.objects[name]
 
 
 def spec(**kw: Any) -> JobSpec:
@@ -141,6 +217,8 @@ def test_mpijob_manifest():
         "4",
         "-H",
         hosts,
+        "-p",
+        "2222",
         *RANK_ENV_WRAPPER,
         *PROGRAM,
         "--data",
@@ -158,6 +236,53 @@ def test_mpijob_manifest():
         assert pod["containers"][0]["volumeMounts"][0]["readOnly"] is True
     # The credentials are nowhere in the manifest: only in the Secret.
     assert SECRET not in json.dumps(body) and "AKIAEXAMPLE" not in json.dumps(body)
+
+
+def sshd_config() -> dict[str, list[str]]:
+    """docker/trainer-sshd_config as keyword → values."""
+    settings: dict[str, list[str]] = {}
+    for raw in (REPO / "docker" / "trainer-sshd_config").read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, []).append(value.strip())
+    return settings
+
+
+def test_the_worker_ssh_constants_are_what_the_trainer_image_has():
+    """The manifest's sshd command, port and key mount are the image's, not retyped guesses."""
+    config = sshd_config()
+    assert config["Port"] == [str(WORKER_SSH_PORT)]
+    assert config["HostKey"] == [f"{SSH_AUTH_MOUNT_PATH}/id_rsa"]
+    assert config["AuthorizedKeysFile"] == [f"{SSH_AUTH_MOUNT_PATH}/authorized_keys"]
+    runtime = (REPO / "docker" / "trainer.Dockerfile").read_text().split(" AS runtime", 1)[1]
+    assert f"COPY docker/trainer-sshd_config {WORKER_SSHD_CONFIG}\n" in runtime
+    assert WORKER_COMMAND == ("/usr/sbin/sshd", "-De", "-f", WORKER_SSHD_CONFIG)
+    assert "openssh-server" in runtime and "openssh-client" in runtime
+    user = re.search(r"useradd .*--uid (\d+) .*\s(\w+)\n", runtime)
+    assert user and f"/home/{user.group(2)}" == TRAINER_HOME
+    assert re.search(rf"^USER {user.group(1)}(:\d+)?$", runtime, re.MULTILINE)
+
+
+@pytest.mark.parametrize("distributed", [True, False], ids=["train", "one-rank export"])
+def test_every_mpijob_runs_the_images_sshd_and_reaches_it(distributed):
+    """Workers run the image's sshd in the foreground; the MPI Operator mounts the key pair in
+    the image user's ~/.ssh; horovodrun in the launcher uses the sshd's port."""
+    kl = KubernetesLauncher(image="hva/trainer:1", hook=FakeHook([RUNNING]), slots_per_worker=2)
+    body = kl.manifest(spec(distributed=distributed, num_proc=4 if distributed else 1))
+    assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"] == list(WORKER_COMMAND)
+    assert "args" not in worker  # nothing appended to sshd's command line
+    assert worker["readinessProbe"]["tcpSocket"]["port"] == WORKER_SSH_PORT
+    launcher_command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    port = launcher_command.index("-p")
+    assert launcher_command[0] == "horovodrun"
+    assert launcher_command[port + 1] == str(WORKER_SSH_PORT)
+    assert port < launcher_command.index(
+        RANK_ENV_WRAPPER[0]
+    )  # horovodrun's flag, not the program's
 
 
 def test_cpu_job_requests_no_gpus_and_bad_slots_are_named():
@@ -194,7 +319,8 @@ def test_polling_success_creates_secret_surfaces_log_and_cleans_up():
     assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
     assert secret == {}  # deleted with the job
     assert hook.core_v1_client.selectors == [
-        "training.kubeflow.org/job-name=hvd-train-1234,training.kubeflow.org/job-role=launcher"
+        "training.kubeflow.org/job-name=hvd-train-1234",  # started? (once: the launcher runs)
+        "training.kubeflow.org/job-name=hvd-train-1234,training.kubeflow.org/job-role=launcher",
     ]
 
 
@@ -261,6 +387,7 @@ def test_trigger_serialize_round_trip():
         poll_interval=3,
         timeout=60,
         started_at=1000.0,
+        startup_timeout=120,
     )
     path, kwargs = trig.serialize()
     assert path == "operators.triggers.MPIJobTrigger"
@@ -415,8 +542,10 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
     host = f"{name}-worker-0.{name}.ml.svc:1"
-    assert command[:6] == ["horovodrun", "--gloo", "-np", "1", "-H", host]
-    program = command[6 + len(RANK_ENV_WRAPPER) :]
+    assert command[:8] == ["horovodrun", "--gloo", "-np", "1", "-H", host, "-p", "2222"]
+    assert worker["command"] == list(WORKER_COMMAND)  # an sshd the launcher can reach
+    assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
+    program = command[8 + len(RANK_ENV_WRAPPER) :]
     assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
     assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
     # Credentials reach the rank through the Secret, never the manifest.
@@ -438,3 +567,538 @@ def test_deferrable_export_defers_then_reads_parity(s3_server):
         with pytest.raises(HorovodTrainingError, match="ONNX parity check failed"):
             op.execute_complete(context(), event=event, **deferred.value.kwargs)
     assert len(hook.deleted) == 1  # the job succeeded: deleted, even though parity failed
+
+
+POD_OPTIONS: dict[str, Any] = {
+    "service_account": "trainer-sa",
+    "image_pull_policy": "Always",
+    "image_pull_secrets": ["regcred", "mirror"],
+    "node_selector": {"gpu": "h200"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "priority_class": "training",
+    "worker_resources": {"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"memory": "32Gi"}},
+    "launcher_resources": {"requests": {"cpu": "500m"}},
+}
+
+
+def k8s_train_op(**kw: Any) -> HorovodTrainOperator:
+    base: dict[str, Any] = dict(
+        task_id="train",
+        launcher="kubernetes",
+        image="hva/trainer:1",
+        num_proc=4,
+        slots_per_worker=2,
+        gpus_per_proc=1,
+        entrypoint=PROGRAM,
+        data="s3://b/d",
+        output="s3://b/o",
+        namespace="ml",
+        aws_conn_id=None,
+    )
+    return HorovodTrainOperator(**{**base, **kw})
+
+
+def test_pod_settings_reach_both_pod_templates_from_the_operator():
+    op = k8s_train_op(**POD_OPTIONS)
+    job, _ = op.build_spec(context())
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=FakeHook([])):
+        body = op.make_launcher().manifest(job)  # type: ignore[attr-defined]
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    for role in ("Launcher", "Worker"):
+        pod = replicas[role]["template"]["spec"]
+        assert pod["serviceAccountName"] == "trainer-sa", role
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], role
+        assert pod["nodeSelector"] == {"gpu": "h200"}, role
+        assert pod["tolerations"] == POD_OPTIONS["tolerations"], role
+        assert pod["priorityClassName"] == "training", role
+        assert pod["containers"][0]["imagePullPolicy"] == "Always", role
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    launcher_container = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    assert worker["resources"] == {
+        "requests": {"cpu": "8", "memory": "32Gi"},
+        "limits": {"memory": "32Gi", "nvidia.com/gpu": 2},  # gpus_per_proc × slots_per_worker
+    }
+    assert launcher_container["resources"] == {"requests": {"cpu": "500m"}}
+    assert POD_OPTIONS["worker_resources"]["limits"] == {"memory": "32Gi"}  # not mutated
+
+
+def test_without_pod_settings_the_cluster_defaults_apply():
+    body = build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=2)
+    for role in ("Launcher", "Worker"):
+        pod = body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+        assert not {"serviceAccountName", "imagePullSecrets", "nodeSelector", "tolerations",
+                    "priorityClassName"} & set(pod)  # fmt: skip
+        assert "imagePullPolicy" not in pod["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"image_pull_policy": "sometimes"}, "image_pull_policy must be one of Always, IfNot"),
+        ({"image_pull_secrets": "regcred"}, "image_pull_secrets must be a list of Secret names"),
+        ({"image_pull_secrets": ["ok", ""]}, "image_pull_secrets must be a list"),
+        ({"node_selector": {"gpu": 1}}, "node_selector must be a dict of label → value strings"),
+        ({"tolerations": {"key": "k"}}, "tolerations must be a list of dicts"),
+        ({"tolerations": [{"keys": "k"}]}, "tolerations entry {'keys': 'k'} must be a dict of"),
+        ({"service_account": ""}, "service_account must be a non-empty string"),
+        ({"priority_class": 5}, "priority_class must be a non-empty string"),
+        ({"worker_resources": {"cpu": "1"}}, "worker_resources must be a dict with 'requests'"),
+        ({"worker_resources": {"limits": {"cpu": True}}}, r"worker_resources\['limits'\] must"),
+        (
+            {"worker_resources": {"limits": {"nvidia.com/gpu": 1}}},
+            "sets nvidia.com/gpu: GPUs come from gpus_per_proc",
+        ),
+        ({"launcher_resources": []}, "launcher_resources must be a dict"),
+        ({"startup_timeout": 0}, "startup_timeout must be a positive number of seconds or None"),
+        ({"startup_timeout": "60"}, "startup_timeout must be a positive number"),
+        ({"startup_timeout": True}, "startup_timeout must be a positive number"),
+    ],
+)
+def test_bad_pod_settings_are_named_at_parse_time(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        k8s_train_op(**kwargs)
+
+
+@pytest.mark.parametrize("launcher", ["local", "docker"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{k: v} for k, v in POD_OPTIONS.items()] + [{"deferrable": True}, {"startup_timeout": 60}],
+    ids=str,
+)
+def test_kubernetes_settings_are_refused_with_another_launcher(launcher, kwargs):
+    (name,) = kwargs
+    for operator in (HorovodTrainOperator, HorovodExportOperator):
+        args: dict[str, Any] = {"task_id": "t", "output": "s3://b/o", "launcher": launcher,
+                                "image": "hva/trainer:1", **kwargs}  # fmt: skip
+        args.update({"data": "s3://b/d"} if operator is HorovodTrainOperator else {})
+        args.update({"checkpoint": "s3://b/c"} if operator is HorovodExportOperator else {})
+        with pytest.raises(ValueError, match=f"{name}: only used by launcher='kubernetes'"):
+            operator(**args)
+
+
+def test_a_templated_launcher_is_checked_after_rendering():
+    from operators import HorovodConfigError
+
+    op = k8s_train_op(launcher="{{ params.launcher }}", node_selector={"gpu": "h200"})
+    op.launcher = "docker"  # what the template rendered to
+    with pytest.raises(HorovodConfigError, match="node_selector: only used by launcher='kub"):
+        op.build_spec(context())
+    op.launcher = "kubernetes"
+    assert op.build_spec(context())[0].num_proc == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"ssh_port": 2200}, {"ssh_identity_file": "/k"}, {"network_interface": "eth0"}],
+    ids=str,
+)
+def test_horovodrun_ssh_settings_are_refused_on_kubernetes(kwargs):
+    """The MPIJob's ssh is the image's sshd and the operator's key: a port or key given here
+    would be ignored."""
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=f"{name}: only used by launcher='local'"):
+        k8s_train_op(**kwargs)
+
+
+def left_by_try_1(state: dict[str, Any]) -> dict[str, Any]:
+    """An MPIJob an earlier try made, as the look-up of the next try sees it."""
+    return {**state, "metadata": {"name": "hvd-train-1234", "labels": {"try_number": "1"}}}
+
+
+@pytest.mark.parametrize(
+    ("left", "linger", "replaced", "message"),
+    [
+        (None, 0, False, "submitted MPIJob ml/hvd-train-1234"),
+        (RUNNING, 0, False, "(made by try 1) is still running: re-attaching to it"),
+        (SUCCEEDED, 0, True, "deleting MPIJob ml/hvd-train-1234 (made by try 1, succeeded)"),
+        (FAILED, 0, True, "(made by try 1, failed: BackoffLimitExceeded: launcher failed)"),
+        (FAILED, 3, True, "deleting MPIJob ml/hvd-train-1234 (made by try 1, failed"),
+    ],
+    ids=["first try", "running", "succeeded", "failed", "slow foreground deletion"],
+)
+def test_a_retry_reattaches_to_a_running_job_and_replaces_a_finished_one(
+    left, linger, replaced, message
+):
+    hook = FakeHook([left_by_try_1(left), SUCCEEDED] if left else [SUCCEEDED], log_text="[0]<x>:ok")
+    hook.linger = linger
+    if left:
+        hook.objects["hvd-train-1234"] = {"metadata": {"name": "hvd-train-1234"}}
+    log = LineLog()
+    result = launcher(hook).run(spec(labels={"try_number": "2"}), log)
+
+    assert result.exit_code == 0 and any(message in line for line in log.lines), log.lines
+    reattached = left is RUNNING
+    # Never two jobs of one task instance: the running one is waited for, a finished one is
+    # deleted (and gone) before the new one is created.
+    assert ("hvd-train-1234" in hook.created) is not reattached
+    assert hook.deleted == (["hvd-train-1234"] if replaced else []) + ["hvd-train-1234"]
+    assert hook.lingering == {}
+    if reattached:  # the running job keeps its own Secret; this try writes none
+        assert hook.core_v1_client.created_secret_text == ""
+    else:
+        assert hook.created["hvd-train-1234"]["metadata"]["labels"]["try_number"] == "2"
+
+
+def test_a_job_of_an_earlier_try_that_never_goes_away_fails_the_launch():
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([left_by_try_1(FAILED)])
+    hook.objects["hvd-train-1234"] = {}
+    hook.linger = 10**6
+    with (
+        mock.patch("operators.launchers.kubernetes.DELETE_WAIT_S", 0.05),
+        pytest.raises(HorovodLaunchError, match="still being deleted after 0s; this try does"),
+    ):
+        launcher(hook).submit(spec(), LineLog())
+    assert hook.created == {}
+
+
+def test_a_409_on_create_reattaches_to_the_job_that_appeared():
+    hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:done")
+    real_create = hook.create_custom_object
+
+    def raced(group, version, plural, body, namespace=None):
+        real_create(group, version, plural, body, namespace)  # another try's create won ...
+        return real_create(group, version, plural, body, namespace)  # ... this one gets 409
+
+    hook.create_custom_object = raced  # type: ignore[method-assign]
+    log = LineLog()
+    assert launcher(hook).run(spec(), log).exit_code == 0
+    assert any("appeared while this try created it: re-attaching" in line for line in log.lines)
+    # The Secret that job mounts was not deleted as if the create had failed: only at the end.
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+    assert hook.deleted == ["hvd-train-1234"]
+
+
+@pytest.mark.parametrize("status", [403, 500])
+def test_a_failed_look_up_starts_nothing(status):
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([RUNNING])
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ApiException(status=status, reason="nope")
+
+    hook.get_custom_object = refuse  # type: ignore[method-assign]
+    with pytest.raises(HorovodLaunchError, match="cannot look up MPIJob ml/hvd-train-1234"):
+        launcher(hook).submit(spec(), LineLog())
+    assert hook.created == {} and hook.core_v1_client.created_secret_text == ""
+
+
+def test_a_stale_secret_gets_this_tries_credentials():
+    hook = FakeHook([RUNNING])
+    hook.core_v1_client.secrets["hvd-train-1234-rank-env"] = {"metadata": {}, "stringData": {}}
+    real_create = hook.core_v1_client.create_namespaced_secret
+
+    def conflict(namespace: str, body: dict[str, Any]) -> None:
+        if body["metadata"]["name"] in hook.core_v1_client.secrets:
+            raise ApiException(status=409)
+        real_create(namespace, body)
+
+    hook.core_v1_client.create_namespaced_secret = conflict  # type: ignore[method-assign]
+    launcher(hook).submit(spec(), LineLog())
+    assert (
+        SECRET in hook.core_v1_client.secrets["hvd-train-1234-rank-env"]["stringData"]["rank.env"]
+    )
+
+
+def test_labels_of_the_task_instance_are_on_the_job_its_pods_and_its_secret(tmp_path):
+    op = k8s_train_op(output=str(tmp_path / "out"), secret_env={"HVA_TEST_TOKEN": "t0ken-v"})
+    ti = SimpleNamespace(try_number=3, map_index=-1)
+    ctx = {"ti": ti, "run_id": "manual__2026-12-04T18:49:33.123456+00:00"}
+    job, _ = op.build_spec(ctx)
+    first, _ = op.build_spec({**ctx, "ti": SimpleNamespace(try_number=1, map_index=-1)})
+    assert job.name == first.name  # one name for every try
+    hook = FakeHook([RUNNING])
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        launcher = op.make_launcher()
+        launcher.submit(job, LineLog())  # type: ignore[attr-defined]
+    body = hook.created[job.name]
+    expected = {"dag_id": "adhoc_airflow", "task_id": "train", "try_number": "3",
+                "horovod-airflow/job": job.name}  # fmt: skip
+    run_label = body["metadata"]["labels"]["run_id"]
+    assert run_label.startswith("manual__2026-12-04T18493")  # made safe: ':' and '+' dropped
+    assert len(run_label) <= 63
+    carriers = {
+        "MPIJob": body["metadata"],
+        "Launcher": body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["metadata"],
+        "Worker": body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["metadata"],
+        "Secret": hook.core_v1_client.secrets[f"{job.name}-rank-env"]["metadata"],
+    }
+    for what, meta in carriers.items():
+        assert expected.items() <= meta["labels"].items(), what
+        assert meta["labels"]["run_id"] == run_label, what
+
+
+def test_a_deferrable_retry_while_the_job_runs_defers_on_it_without_a_second_job(tmp_path):
+    op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"))
+    name = op.build_spec(context())[0].name
+    hook = FakeHook([left_by_try_1(RUNNING)])
+    hook.objects[name] = {"metadata": {"name": name}}
+    with (
+        mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook),
+        pytest.raises(TaskDeferred) as deferred,
+    ):
+        op.execute(context(try_number=2))
+    assert hook.created == {} and hook.deleted == []
+    assert deferred.value.trigger.name == name
+
+
+def unreachable() -> Exception:
+    import urllib3.exceptions
+
+    return urllib3.exceptions.MaxRetryError(None, "https://k8s:6443/apis", reason=None)
+
+
+def reset() -> Exception:
+    import urllib3.exceptions
+
+    return urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104))
+
+
+def test_the_backoff_doubles_is_capped_resets_and_gives_up():
+    retry = ApiRetry(retries=7, backoff=1.0, max_backoff=30.0)
+    error = ApiException(status=503)
+    assert [retry.delay(error) for _ in range(8)] == [1, 2, 4, 8, 16, 30, 30, None]
+    assert "8 Kubernetes API errors in a row" in retry.describe(error)
+    retry.reset()
+    assert retry.delay(ApiException(status=429)) == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (ApiException(status=500), True),
+        (ApiException(status=502), True),
+        (ApiException(status=503), True),
+        (ApiException(status=429), True),
+        (unreachable(), True),
+        (reset(), True),
+        (ConnectionRefusedError(111, "refused"), True),
+        (TimeoutError("read timed out"), True),
+        (ApiException(status=404), False),
+        (ApiException(status=403), False),
+        (ApiException(status=401), False),
+        (ApiException(status=422), False),
+        (ValueError("bad config"), False),
+    ],
+    ids=repr,
+)
+def test_which_api_errors_are_retried(error, transient):
+    retry = ApiRetry(retries=3, backoff=0.5)
+    assert (retry.delay(error) == 0.5) is transient
+    assert (retry.delay(error) is None) is not transient  # a 4xx never gets a second look
+
+
+@pytest.mark.parametrize(
+    ("answers", "status", "looks", "message"),
+    [
+        ([ApiException(status=500), ApiException(status=429), unreachable(), RUNNING, reset(),
+          SUCCEEDED], "success", 6, ""),
+        ([ApiException(status=503), RUNNING] * 4 + [FAILED], "failed", 9,
+         "BackoffLimitExceeded"),
+        ([ApiException(status=503)] * 5, "error", 4, "4 Kubernetes API errors in a row"),
+        ([ApiException(status=404)], "error", 1, "(404)"),
+        ([ApiException(status=403), RUNNING], "error", 1, "(403)"),
+    ],
+    ids=["transient errors then success", "errors apart reset the count", "too many in a row",
+         "404 at once", "403 at once"],
+)  # fmt: skip
+def test_the_trigger_retries_transient_api_errors_with_backoff(answers, status, looks, message):
+    hook = FakeHook(answers)
+    hook.objects["j"] = {}
+    trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.001, api_retries=3,
+                         api_backoff=0.001)  # fmt: skip
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        events = asyncio.run(_events(trig))
+    assert [e.payload["status"] for e in events] == [status]
+    assert hook.gets == looks
+    assert message in events[0].payload["message"]
+
+
+def test_the_polling_launcher_rides_out_transient_errors_and_keeps_an_unknown_job():
+    hook = FakeHook([ApiException(status=502), unreachable(), RUNNING, SUCCEEDED])
+    with mock.patch("operators.launchers.kubernetes.API_BACKOFF_S", 0.001):
+        assert launcher(hook).run(spec(), LineLog()).exit_code == 0
+    assert hook.gets == 4
+
+    hook = FakeHook([RUNNING, ApiException(status=403)])
+    log = LineLog()
+    with pytest.raises(HorovodTrainingError, match=r"error: Kubernetes API error: \(403\)"):
+        launcher(hook).run(spec(), log)
+    # Whether it still runs is unknown: the job and the Secret it reads stay for the retry.
+    assert hook.deleted == [] and hook.core_v1_client.deleted == []
+    assert any("the API did not say whether it still runs" in line for line in log.lines)
+
+
+PULL = ("ImagePullBackOff", 'Back-off pulling image "hva/trainer:1"')
+W0, W1, LAUNCHER = "hvd-train-1234-worker-0", "hvd-train-1234-worker-1", "hvd-train-1234-launcher"
+
+
+@pytest.mark.parametrize(
+    ("pods", "elapsed", "startup_timeout", "failure", "started"),
+    [
+        ([pod(W0, "Running"), pod(LAUNCHER, "Running", role="launcher")], 1e6, 60, None, True),
+        ([pod(W0, "Running"), pod(W1, "Pending", waiting=PULL)], 1, 60,
+         f"pod {W1} (container worker): ImagePullBackOff: Back-off pulling image", False),
+        ([pod(W0, "Pending", waiting=("ErrImagePull", "not found"))], 1, None,
+         f"pod {W0} (container worker): ErrImagePull: not found", False),
+        ([pod(W0, "Pending", waiting=("InvalidImageName", "bad"))], 1, 60,
+         f"pod {W0} (container worker): InvalidImageName: bad", False),
+        ([pod(W0, "Running", waiting=("CrashLoopBackOff", "back-off 5m0s"))], 1, 60,
+         f"pod {W0} (container worker): CrashLoopBackOff: back-off 5m0s", False),
+        ([pod(W0, "Failed", message="sshd: no hostkeys available")], 1, 60,
+         f"pod {W0} failed before the job started: sshd: no hostkeys available", False),
+        ([pod(W0, "Pending", waiting=("ContainerCreating", ""))], 59, 60, None, False),
+        ([pod(W0, "Pending", waiting=("ContainerCreating", ""))], 61, 60,
+         f"pod {W0} still Pending after 61s (startup_timeout=60s): ContainerCreating", False),
+        ([pod(W0, "Running"), pod(W1, "Pending",
+          unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")], 601, 600,
+         f"pod {W1} still Pending after 601s (startup_timeout=600s): Unschedulable: 0/3 nodes "
+         "are available: 3 Insufficient nvidia.com/gpu.", False),
+        ([], 61, 60, "no pod of MPIJob hvd-train-1234 after 61s (startup_timeout=60s): is the "
+         "MPI Operator running?", False),
+        ([pod(W0, "Running")], 61, 60, "the launcher pod of MPIJob hvd-train-1234 was not "
+         f"created after 61s (startup_timeout=60s) (pods: {W0} Running)", False),
+        ([pod(W0, "Pending")], 1e9, None, None, False),  # None: waits for ever
+    ],
+    ids=["launcher runs", "image pull back-off", "pull error, no timeout", "invalid image",
+         "crash loop", "failed pod", "pending within the timeout", "pending past it",
+         "unschedulable", "no pods", "no launcher", "no startup timeout"],
+)  # fmt: skip
+def test_start_failures_name_the_pod_and_the_reason(
+    pods, elapsed, startup_timeout, failure, started
+):
+    found, has_started = pod_start_failure(
+        pods, "hvd-train-1234", elapsed=elapsed, startup_timeout=startup_timeout
+    )
+    assert has_started is started
+    if failure is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(failure), found
+
+
+@pytest.mark.parametrize(
+    ("listings", "startup_timeout", "message"),
+    [
+        ([[pod(W0, "Pending", waiting=("ContainerCreating", ""))],
+          [pod(W0, "Pending", waiting=PULL)]],
+         600, f"pod {W0} (container worker): ImagePullBackOff"),
+        ([[pod(W0, "Running"), pod(W1, "Pending", unschedulable="0/2 nodes: Insufficient cpu")]],
+         0.05, f"pod {W1} still Pending after 0s (startup_timeout=0s): Unschedulable: 0/2 nodes"),
+    ],
+    ids=["image pull", "unschedulable"],
+)  # fmt: skip
+def test_a_job_that_cannot_start_fails_the_task_fast_and_is_deleted(
+    listings, startup_timeout, message
+):
+    from operators import HorovodLaunchError
+
+    hook = FakeHook([RUNNING])
+    hook.core_v1_client.pods = listings
+    with pytest.raises(HorovodLaunchError, match=re.escape(message)) as err:
+        launcher(hook, startup_timeout=startup_timeout).run(spec(timeout=3600), LineLog())
+    assert "did not start (deleted)" in str(err.value)
+    # Deleted although delete_on_success keeps failed jobs: a retry must not re-attach to it.
+    assert hook.deleted == ["hvd-train-1234"]
+    assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
+
+
+def test_once_the_launcher_runs_pods_are_no_longer_listed():
+    hook = FakeHook([RUNNING, RUNNING, RUNNING, SUCCEEDED])
+    launcher(hook).run(spec(), LineLog())
+    startup_looks = [s for s in hook.core_v1_client.selectors if "job-role" not in s]
+    assert len(startup_looks) == 1
+
+
+def test_the_deferred_task_fails_fast_on_a_start_failure_and_deletes_the_job(tmp_path):
+    from operators import HorovodLaunchError
+
+    op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"), startup_timeout=300)
+    hook = FakeHook([RUNNING])
+    hook.core_v1_client.pods = [[pod(W0, "Pending", waiting=PULL)]]
+    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context())
+        trigger = deferred.value.trigger
+        assert trigger.startup_timeout == 300
+        (event,) = asyncio.run(_events(trigger))
+        assert event.payload["status"] == "not_started"
+        assert f"pod {W0} (container worker): ImagePullBackOff" in event.payload["message"]
+        with pytest.raises(HorovodLaunchError, match="did not start"):
+            op.execute_complete(context(), event=event.payload, **deferred.value.kwargs)
+    assert list(hook.deleted) == [trigger.name]
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    """Every shape of MPIJob the launcher builds."""
+    from operators.job import job_labels
+
+    labels = job_labels("mnist_horovod_retrain", "train", "manual__2026-12-04T18:49:33+00:00", 2)
+    return {
+        "train, all pod settings": build_mpijob(
+            spec(labels=labels), image="hva/trainer:1", namespace="ml", slots_per_worker=2,
+            pod_options=PodOptions(**POD_OPTIONS),
+        ),
+        "one-rank export": KubernetesLauncher(
+            image="hva/trainer:1", hook=FakeHook([]), slots_per_worker=2
+        ).manifest(spec(num_proc=1, distributed=False, labels=labels)),
+        "cpu, no secrets, no timeout": build_mpijob(
+            spec(gpus_per_proc=0, secret_env={}, timeout=None), image="hva/trainer:1",
+            namespace="ml", slots_per_worker=1,
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(manifests()))
+def test_every_manifest_passes_the_mpijob_api_checks(shape):
+    assert mpijob_errors(manifests()[shape]) == []
+
+
+def _set(path: str, value: Any) -> Any:
+    def mutate(body: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = body
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+
+    return mutate
+
+
+WORKER_POD = "spec.mpiReplicaSpecs.Worker.template.spec"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error"),
+    [
+        (_set("kind", "Job"), "apiVersion/kind"),
+        (_set("spec.sshAuthMountPath", ""), "spec.sshAuthMountPath: must have a mount path"),
+        (_set("spec.launcherCreationPolicy", "Later"), "spec.launcherCreationPolicy: 'Later'"),
+        (_set("spec.slotsPerWorker", "2"), "spec.slotsPerWorker: must be a non-negative"),
+        (_set("spec.waitForWorkers", True), "spec: unknown field 'waitForWorkers'"),
+        (_set("spec.runPolicy.cleanPodPolicy", "Some"), "spec.runPolicy.cleanPodPolicy: 'Some'"),
+        (_set("spec.runPolicy.activeDeadlineSeconds", -1), "activeDeadlineSeconds: must be a"),
+        (_set("spec.mpiReplicaSpecs.Launcher.replicas", 2), "Launcher.replicas: must be 1"),
+        (_set("spec.mpiReplicaSpecs.Worker.replicas", 0), "Worker.replicas: must be greater"),
+        (_set("spec.mpiReplicaSpecs.Worker.restartPolicy", "Always"), "Worker.restartPolicy"),
+        (_set(f"{WORKER_POD}.nodeSelectors", {"a": "b"}), "unknown field 'nodeSelectors'"),
+        (_set(f"{WORKER_POD}.containers.0.commands", ["sshd"]), "unknown field 'commands'"),
+        (_set(f"{WORKER_POD}.containers.0.command", "sshd -D"), "command: must be a list"),
+        (_set(f"{WORKER_POD}.containers.0.readinessProbe", {"tcpSocket": {"prt": 2222}}),
+         "unknown field 'prt' of V1TCPSocketAction"),
+        (_set(f"{WORKER_POD}.tolerations.0.tolerationSeconds", "60"), "must be an integer"),
+        (_set(f"{WORKER_POD}.containers", []), "must define at least one container"),
+        (_set("spec.mpiReplicaSpecs.Worker.template.metadata.labels.run_id", "a:b"),
+         "label value 'a:b' is invalid"),
+        (_set("metadata.name", "x" * 60), "would not be a DNS-1035 label"),
+        (_set("metadata.name", "Hvd_Train"), "would not be a DNS-1035 label"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)  # fmt: skip
+def test_the_mpijob_checks_catch_what_the_api_would_refuse_or_prune(mutate, error):
+    body = manifests()["train, all pod settings"]
+    mutate(body)
+    errors = mpijob_errors(body)
+    assert any(error in e for e in errors), errors
