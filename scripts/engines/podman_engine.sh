@@ -187,20 +187,22 @@ ensure_base() {
   log "imported $base_image in $(( $(date +%s) - start ))s"
 }
 
-cmd_base() {
+# What building an image needs: root, the state folder and engine settings, podman, debootstrap.
+prepare_build() {
   need_root
   mkdir -p "$state"
   [ -f "$conf" ] || write_conf
   command -v podman >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || install_packages
+}
+
+cmd_base() {
+  prepare_build
   ensure_base
   echo "$base_image"
 }
 
 cmd_image() {
-  need_root
-  mkdir -p "$state"
-  [ -f "$conf" ] || write_conf
-  command -v podman >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || install_packages
+  prepare_build
   local tag image
   tag=$(containerfile | sha256sum | cut -c1-12)
   image="$runtime_repo:$tag"

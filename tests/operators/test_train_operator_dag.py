@@ -7,15 +7,11 @@ into a temporary folder that is added as a second bundle (next to the project's 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.operators.helpers import put_eval_set
+from tests.operators.helpers import dag_in_bundle, put_eval_set
 
 DAG_TEMPLATE = """
 from datetime import datetime
@@ -35,34 +31,6 @@ def _states(dag_run: Any) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
 
 
-def _dag_in_bundle(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dag_id: str, kwargs: str
-) -> Any:
-    folder = tmp_path / "bundle"
-    folder.mkdir()
-    path = folder / f"{dag_id}.py"
-    path.write_text(textwrap.dedent(DAG_TEMPLATE.format(dag_id=dag_id, kwargs=kwargs)))
-    bundles = [
-        {
-            "name": "dags-folder",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {},
-        },
-        {
-            "name": f"hvd-{dag_id}",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(folder), "refresh_interval": 0},
-        },
-    ]
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-    spec = importlib.util.spec_from_file_location(dag_id, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.dag
-
-
-@pytest.mark.slow
 def test_dag_run_renders_templates_and_returns_metrics_as_xcom(
     s3_server, airflow_db, tmp_path, monkeypatch
 ):
@@ -77,7 +45,10 @@ def test_dag_run_renders_templates_and_returns_metrics_as_xcom(
         "output": f"s3://{bucket}/runs/{{{{ ti.dag_id }}}}",
         "trainer_args": {"epochs": "{{ params.epochs }}"},
     }
-    dag = _dag_in_bundle(tmp_path, monkeypatch, "hvd_operator_dag_ok", repr(kwargs))
+    dag = dag_in_bundle(
+        tmp_path, monkeypatch, "hvd_operator_dag_ok",
+        DAG_TEMPLATE.format(dag_id="hvd_operator_dag_ok", kwargs=repr(kwargs)),
+    )  # fmt: skip
 
     run = dag.test()
 
@@ -102,7 +73,10 @@ def test_failing_program_fails_the_task(s3_server, airflow_db, tmp_path, monkeyp
         "output": f"s3://{bucket}/runs/fail",
         "trainer_args": {"fail_rank": 0, "exit_code": 5},
     }
-    dag = _dag_in_bundle(tmp_path, monkeypatch, "hvd_operator_dag_fail", repr(kwargs))
+    dag = dag_in_bundle(
+        tmp_path, monkeypatch, "hvd_operator_dag_fail",
+        DAG_TEMPLATE.format(dag_id="hvd_operator_dag_fail", kwargs=repr(kwargs)),
+    )  # fmt: skip
 
     run = dag.test()
 
