@@ -135,11 +135,10 @@ def resolve_precision(
 
 
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to
-# negotiate ready tensors. On CPU ranks it takes its cycles from the cores doing the compute;
-# 10 ms measured +7 to +17 % samples/s (2 ranks on 2 cores, this CNN, two runs of
-# bench/horovod_cycle.py: medians 724 -> 848 and 865 -> 927), and a sweep of 1/3/10/30 ms
-# kept 10 ms the best (911/893/942/876). A step here lasts ~150 ms, so a later negotiation
-# costs little. GPU ranks keep Horovod's default (their steps: milliseconds).
+# negotiate ready tensors. On CPU ranks it takes its cycles from the cores doing the compute,
+# and a CPU step lasts far longer than 10 ms, so a later negotiation costs little: 10 ms was
+# the fastest setting measured (bench/horovod_cycle.py; figures in
+# bench/results/horovod_cycle*.md). GPU ranks keep Horovod's default (their steps: ms).
 CPU_CYCLE_TIME_MS = "10"
 
 
