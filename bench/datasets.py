@@ -37,8 +37,9 @@ def prepare_torchvision_root(dest: Path, source: Path = MNIST_DIR) -> Path:
 def stage_local_dataset(dest: Path, source: Path = MNIST_DIR) -> Path:
     """A staged dataset folder (``--data`` for our trainer): the ``.gz`` files + manifest.json.
 
-    The files are symlinked, not copied; the manifest is the one ``stage_dataset`` would
-    upload (``trainer.layout.build_manifest``), so the trainer verifies them as usual.
+    The files are symlinked, not copied; the manifest is the one
+    ``operators.staging.stage_dataset`` would upload (``trainer.layout.build_manifest``), so
+    the trainer verifies them as usual.
     """
     dest.mkdir(parents=True, exist_ok=True)
     files = layout.find_source_files(source)

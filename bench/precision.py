@@ -52,7 +52,7 @@ def run_rank(args: argparse.Namespace) -> None:
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0
     )
     rt, device = train.setup_runtime(config)  # hvd.init(), the trainer's threads, auto's choice
-    dataset = train.stage_dataset(config, rt)
+    dataset = train.fetch_staged_dataset(config, rt)
     x, y = data.load_split(dataset, "train")
     x, y = x.to(device), y.to(device)
 

@@ -123,7 +123,7 @@ def run_rank(args: argparse.Namespace) -> None:
     rt, device = train.setup_runtime(config)  # hvd.init() and the trainer's thread policy
     our_threads = torch.get_num_threads()
     cuda = device.type == "cuda"
-    dataset = train.stage_dataset(config, rt)
+    dataset = train.fetch_staged_dataset(config, rt)
     x, y = data.load_split(dataset, "train")
     x, y = x.to(device), y.to(device)
     results: list[dict[str, Any]] = []

@@ -179,7 +179,7 @@ def setup_runtime(config: TrainConfig) -> tuple[Runtime, torch.device]:
     return rt, device
 
 
-def stage_dataset(config: TrainConfig, rt: Runtime) -> data.LocalDataset:
+def fetch_staged_dataset(config: TrainConfig, rt: Runtime) -> data.LocalDataset:
     """Local rank 0 fetches and verifies the dataset into the node cache; the others wait.
 
     Every rank learns every node's outcome, so a corrupted file stops all ranks with the
@@ -628,7 +628,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     ckpt_uri = storage.join(config.output, CHECKPOINT_NAME)
     metrics_uri = storage.join(config.output, METRICS_NAME)
 
-    dataset = stage_dataset(config, rt)
+    dataset = fetch_staged_dataset(config, rt)
     x_train, y_train = data.load_split(dataset, "train", config.max_train_samples)
     x_val, y_val = data.load_split(dataset, "test", config.max_val_samples)
     x_train, y_train = x_train.to(device), y_train.to(device)
