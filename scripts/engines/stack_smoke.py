@@ -216,6 +216,22 @@ def read_published(env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def s3_store_state(env: dict[str, str]) -> str:
+    """The buckets the host reaches, and the S3 container's restarts (diagnostics)."""
+    try:
+        buckets = [b["Name"] for b in s3_client(env).list_buckets()["Buckets"]]
+    except Exception as exc:
+        buckets = [f"list_buckets failed: {exc!r}"]
+    containers = podman_json("ps", "-a", "--filter", "label=com.docker.compose.service=minio",
+                             "--format", "json")  # fmt: skip
+    ids = [c["Id"] for c in containers]
+    restarts = [
+        f"{i['Name']}: started {i['State']['StartedAt']}, restarts {i.get('RestartCount')}"
+        for i in (podman_json("inspect", *ids) if ids else [])
+    ]
+    return f"buckets at 127.0.0.1:{env['MINIO_API_PORT']}: {buckets}; S3 containers: {restarts}"
+
+
 def podman_json(*args: str) -> Any:
     out = subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout
     return json.loads(out or "[]")
@@ -272,7 +288,11 @@ def run_smoke(env: dict[str, str], conf: dict[str, Any], timeout: float = 1800) 
     if run["state"] != "success":
         failures.append(f"run {run_id} is {run['state']}")
         return summary
-    published = read_published(env)
+    try:
+        published = read_published(env)
+    except Exception as exc:  # say what the S3 store held, and whether it had restarted
+        failures.append(f"reading the published model failed: {exc!r}; {s3_store_state(env)}")
+        return summary
     latest, manifest = published["latest"], published["manifest"]
     summary["published"] = {
         k: latest.get(k) for k in ("version", "onnx_uri", "val_accuracy", "dag_run_id")

@@ -8,6 +8,7 @@ unreachable: the scripts exit 2), and fails loudly on anything else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -113,12 +114,17 @@ def podman_engine() -> Iterator[PodmanEngine]:
 @pytest.fixture
 def job_containers_removed(podman_engine: PodmanEngine) -> Iterator[None]:
     """After the test, force-remove any container the launcher left (failed tests)."""
+    import docker.errors
+
     before = {c["Id"] for c in podman_engine.job_containers()}
     yield
     client = podman_engine.client()
     for c in podman_engine.job_containers():
         if c["Id"] not in before:
-            client.remove_container(c["Id"], force=True)
+            # The launcher may be removing it at this very moment (its own cleanup): gone is
+            # what this wants.
+            with contextlib.suppress(docker.errors.NotFound):
+                client.remove_container(c["Id"], force=True)
 
 
 # --- simulated hosts: network namespaces, a bridge, sshd per host -------------------------

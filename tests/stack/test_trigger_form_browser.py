@@ -94,13 +94,25 @@ class TriggerForm:
         return str(self.field(title).find_element(By.CSS_SELECTOR, "[data-part=helper-text]").text)
 
     def type(self, title: str, value: str) -> str:
-        """Replace the field's text as a user would, leave it, and return what it then holds."""
+        """Replace the field's text as a user would, leave it, and return what it then holds.
+
+        The field is emptied first and checked empty: on a loaded machine the UI can still be
+        rendering when the keys arrive, and text typed after an old value is another value.
+        """
         from selenium.webdriver.common.keys import Keys
 
         box = self.input(title)
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys(Keys.BACKSPACE)
-        box.send_keys(value)
+        self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+        box.click()
+        for _ in range(20):
+            box.send_keys(Keys.CONTROL, "a")
+            box.send_keys(Keys.BACKSPACE)
+            if box.get_attribute("value") == "":
+                break
+            time.sleep(0.25)
+        assert box.get_attribute("value") == "", f"{title}: the field could not be emptied"
+        for char in value:
+            box.send_keys(char)
         box.send_keys(Keys.TAB)
         time.sleep(0.5)
         return str(self.input(title).get_attribute("value"))
