@@ -66,6 +66,10 @@ TRAINER_HOME = "/home/trainer"  # the home of the image's user (uid 1000)
 # Where the MPI Operator mounts the job's key pair (id_rsa, id_rsa.pub, authorized_keys): the
 # user's ~/.ssh, so the launcher's ssh finds its key there and the worker's sshd serves it.
 SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
+# The group of the image's user: both pods set it as fsGroup, so the kubelet gives the mounted
+# Secrets' files to that group with group read. Without it they belong to root, and the
+# credentials file (mode 0400) cannot be read by the ranks, which run as the image's user.
+TRAINER_GID = 1000
 WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
 WORKER_SSHD_CONFIG = "/etc/ssh/hva_worker_sshd_config"
 # A worker is only an sshd in the foreground (-D), logging to stderr (-e), i.e. to the pod log;
@@ -360,7 +364,11 @@ def build_mpijob(
     labels = job_labels(spec)
 
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
-        pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+        pod_spec: dict[str, Any] = {
+            "containers": [container],
+            "volumes": volumes,
+            "securityContext": {"fsGroup": TRAINER_GID},
+        }
         options.apply(pod_spec, container)
         return {"metadata": {"labels": {**labels, "role": role}}, "spec": pod_spec}
 

@@ -26,6 +26,7 @@ from operators.command import RANK_ENV_WRAPPER
 from operators.launchers.base import JobSpec
 from operators.launchers.kubernetes import (
     SSH_AUTH_MOUNT_PATH,
+    TRAINER_GID,
     TRAINER_HOME,
     WORKER_COMMAND,
     WORKER_SSH_PORT,
@@ -262,6 +263,20 @@ def test_the_worker_ssh_constants_are_what_the_trainer_image_has():
     user = re.search(r"useradd .*--uid (\d+) .*\s(\w+)\n", runtime)
     assert user and f"/home/{user.group(2)}" == TRAINER_HOME
     assert re.search(rf"^USER {user.group(1)}(:\d+)?$", runtime, re.MULTILINE)
+    assert "--user-group" in user.group(0) and int(user.group(1)) == TRAINER_GID
+
+
+def test_the_ranks_user_can_read_the_mounted_secrets():
+    """The kubelet writes Secret volume files as root; the credentials file is 0400. The
+    ranks run as the image's user, so both pods set its group as fsGroup (the kubelet then
+    gives the files to that group, with group read): without it the rank env file is
+    unreadable, and the ranks run without credentials."""
+    body = build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=2)
+    for role in ("Launcher", "Worker"):
+        pod_spec = body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+        assert pod_spec["securityContext"] == {"fsGroup": TRAINER_GID}, role
+        (volume,) = pod_spec["volumes"]
+        assert volume["secret"]["defaultMode"] == 0o400, role
 
 
 @pytest.mark.parametrize("distributed", [True, False], ids=["train", "one-rank export"])
