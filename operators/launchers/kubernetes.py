@@ -71,6 +71,14 @@ SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
 # credentials file (mode 0400) cannot be read by the ranks, which run as the image's user.
 TRAINER_GID = 1000
 WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
+# The pod's network interface: the kubelet names it eth0 whatever the CNI plugin. horovodrun
+# is told to use it (--network-interface): left to probe, it also accepts the loopback when
+# the job has one worker pod (the probe on that pod reaches itself over lo), and then picks
+# one of the interfaces it found at random (the first of a set). When that is lo, the
+# ranks look for the rendezvous server at 127.0.0.1 of their own pod and abort
+# ("HTTP GET request failed too many times"). One-worker jobs (the one-rank export, or
+# num_proc == slots_per_worker) failed that way about every other run.
+POD_INTERFACE = "eth0"
 WORKER_SSHD_CONFIG = "/etc/ssh/hva_worker_sshd_config"
 # A worker is only an sshd in the foreground (-D), logging to stderr (-e), i.e. to the pod log;
 # horovodrun in the launcher pod starts the ranks through it.
@@ -346,6 +354,7 @@ def build_mpijob(
         num_proc=spec.num_proc,
         hosts=hosts,
         ssh_port=WORKER_SSH_PORT,
+        network_interface=POD_INTERFACE,
         controller=spec.controller,
     )
     env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]

@@ -220,6 +220,8 @@ def test_mpijob_manifest():
         hosts,
         "-p",
         "2222",
+        "--network-interface",
+        "eth0",
         *RANK_ENV_WRAPPER,
         *PROGRAM,
         "--data",
@@ -298,6 +300,11 @@ def test_every_mpijob_runs_the_images_sshd_and_reaches_it(distributed):
     assert port < launcher_command.index(
         RANK_ENV_WRAPPER[0]
     )  # horovodrun's flag, not the program's
+    # The pod's interface, never a probe's pick: with one worker pod the probe also accepts
+    # lo, and the ranks then look for the rendezvous server at 127.0.0.1.
+    nic = launcher_command.index("--network-interface")
+    assert launcher_command[nic + 1] == "eth0"
+    assert nic < launcher_command.index(RANK_ENV_WRAPPER[0])
 
 
 def test_cpu_job_requests_no_gpus_and_bad_slots_are_named():
@@ -557,10 +564,21 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
     host = f"{name}-worker-0.{name}.ml.svc:1"
-    assert command[:8] == ["horovodrun", "--gloo", "-np", "1", "-H", host, "-p", "2222"]
+    assert command[:10] == [
+        "horovodrun",
+        "--gloo",
+        "-np",
+        "1",
+        "-H",
+        host,
+        "-p",
+        "2222",
+        "--network-interface",
+        "eth0",
+    ]
     assert worker["command"] == list(WORKER_COMMAND)  # an sshd the launcher can reach
     assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
-    program = command[8 + len(RANK_ENV_WRAPPER) :]
+    program = command[10 + len(RANK_ENV_WRAPPER) :]
     assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
     assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
     # Credentials reach the rank through the Secret, never the manifest.
