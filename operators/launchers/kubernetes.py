@@ -320,6 +320,21 @@ def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
     return "running", ""
 
 
+def mpijob_hosts(obj: Mapping[str, Any] | None) -> list[Host]:
+    """The ``-H`` hosts of an MPIJob's launcher command (worker pods' names, slots each), so
+    a failure can name the pod of the rank that failed first; [] when they cannot be read."""
+    try:
+        spec = (obj or {})["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+        command = list(spec["containers"][0]["command"])
+        hosts = []
+        for item in str(command[command.index("-H") + 1]).split(","):
+            name, _, slots = item.rpartition(":")
+            hosts.append(Host(name, int(slots)))
+        return hosts
+    except (KeyError, IndexError, TypeError, ValueError):
+        return []
+
+
 def secret_name(job: str) -> str:
     return f"{job}-rank-env"
 
@@ -768,6 +783,12 @@ class KubernetesLauncher(Launcher):
             log.warning("could not read the launcher pod log of %s: %s", ref["name"], e)
         status = event.get("status")
         success = status == "success"
+        hosts: list[Host] = []
+        if not success:  # before any deletion: the job's -H list names the failed rank's pod
+            try:
+                hosts = mpijob_hosts(self.find(ref))
+            except Exception as e:
+                log.warning("could not read MPIJob %s to name the failed pod: %s", ref["name"], e)
         # A job that never started or ran out of time may still be running: whatever cleanup
         # says, it goes, or the retry would re-attach to it (the provider deletes too).
         stuck = status in ("not_started", "timeout")
@@ -802,7 +823,7 @@ class KubernetesLauncher(Launcher):
                 timeout=float(timeout or event.get("timeout") or 0),
                 log_tail=out.tail(),
             )
-        message = describe_failure(ref["name"], 1, out.tail())
+        message = describe_failure(ref["name"], 1, out.tail(), hosts)
         raise HorovodTrainingError(
             f"MPIJob {ref['namespace']}/{ref['name']} {status}: {event.get('message')}; {message}",
             exit_code=None,

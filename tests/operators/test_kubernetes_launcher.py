@@ -367,6 +367,35 @@ def test_failure_raises_with_launcher_log_and_keeps_the_job():
     assert hook.core_v1_client.secrets == {}
 
 
+def test_a_failure_names_the_worker_pod_of_the_rank_that_failed_first():
+    """horovodrun names the rank; the job's -H list (workers in order, slots each) names the
+    pod it ran on, read from the MPIJob before it is deleted."""
+    log_text = "[1]<stderr>:Connection closed\nProcess name: 3\nExit code: 255"
+    hook = FakeHook([RUNNING], log_text=log_text)
+    job_failed = {**FAILED}
+    answers = iter([RUNNING, None])
+
+    def look(group, version, plural, name, namespace=None):
+        if name not in hook.objects:
+            raise ApiException(status=404)
+        answer = next(answers, None)
+        # the stored MPIJob with the state its conditions say: running, then failed
+        return {**hook.objects[name], **(answer or job_failed)}
+
+    hook.get_custom_object = look  # type: ignore[method-assign]
+    with pytest.raises(HorovodTrainingError) as err:
+        launcher(hook, cleanup="delete").run(spec(), LineLog())
+    pod = "hvd-train-1234-worker-1.hvd-train-1234.ml.svc"  # ranks 2 and 3 of 2 × 2 slots
+    assert f"rank 3 (host {pod}) failed first (exit code 255)" in str(err.value)
+    assert hook.deleted == ["hvd-train-1234"]  # read before the delete policy applied
+
+
+def test_the_failed_pod_is_left_unnamed_when_the_job_cannot_be_read():
+    hook = FakeHook([RUNNING, FAILED], log_text="Process name: 1\nExit code: 1")
+    with pytest.raises(HorovodTrainingError, match=r"rank 1 failed first \(exit code 1\)"):
+        launcher(hook).run(spec(), LineLog())  # FAILED carries no spec: no -H list
+
+
 def test_a_failed_create_leaves_no_secret_behind():
     from operators import HorovodLaunchError
 
