@@ -66,7 +66,19 @@ TRAINER_HOME = "/home/trainer"  # the home of the image's user (uid 1000)
 # Where the MPI Operator mounts the job's key pair (id_rsa, id_rsa.pub, authorized_keys): the
 # user's ~/.ssh, so the launcher's ssh finds its key there and the worker's sshd serves it.
 SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
+# The group of the image's user: both pods set it as fsGroup, so the kubelet gives the mounted
+# Secrets' files to that group with group read. Without it they belong to root, and the
+# credentials file (mode 0400) cannot be read by the ranks, which run as the image's user.
+TRAINER_GID = 1000
 WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
+# The pod's network interface: the kubelet names it eth0 whatever the CNI plugin. horovodrun
+# is told to use it (--network-interface): left to probe, it also accepts the loopback when
+# the job has one worker pod (the probe on that pod reaches itself over lo), and then picks
+# one of the interfaces it found at random (the first of a set). When that is lo, the
+# ranks look for the rendezvous server at 127.0.0.1 of their own pod and abort
+# ("HTTP GET request failed too many times"). One-worker jobs (the one-rank export, or
+# num_proc == slots_per_worker) failed that way about every other run.
+POD_INTERFACE = "eth0"
 WORKER_SSHD_CONFIG = "/etc/ssh/hva_worker_sshd_config"
 # A worker is only an sshd in the foreground (-D), logging to stderr (-e), i.e. to the pod log;
 # horovodrun in the launcher pod starts the ranks through it.
@@ -308,6 +320,21 @@ def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
     return "running", ""
 
 
+def mpijob_hosts(obj: Mapping[str, Any] | None) -> list[Host]:
+    """The ``-H`` hosts of an MPIJob's launcher command (worker pods' names, slots each), so
+    a failure can name the pod of the rank that failed first; [] when they cannot be read."""
+    try:
+        spec = (obj or {})["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+        command = list(spec["containers"][0]["command"])
+        hosts = []
+        for item in str(command[command.index("-H") + 1]).split(","):
+            name, _, slots = item.rpartition(":")
+            hosts.append(Host(name, int(slots)))
+        return hosts
+    except (KeyError, IndexError, TypeError, ValueError):
+        return []
+
+
 def secret_name(job: str) -> str:
     return f"{job}-rank-env"
 
@@ -342,6 +369,7 @@ def build_mpijob(
         num_proc=spec.num_proc,
         hosts=hosts,
         ssh_port=WORKER_SSH_PORT,
+        network_interface=POD_INTERFACE,
         controller=spec.controller,
     )
     env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
@@ -360,7 +388,11 @@ def build_mpijob(
     labels = job_labels(spec)
 
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
-        pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+        pod_spec: dict[str, Any] = {
+            "containers": [container],
+            "volumes": volumes,
+            "securityContext": {"fsGroup": TRAINER_GID},
+        }
         options.apply(pod_spec, container)
         return {"metadata": {"labels": {**labels, "role": role}}, "spec": pod_spec}
 
@@ -751,6 +783,12 @@ class KubernetesLauncher(Launcher):
             log.warning("could not read the launcher pod log of %s: %s", ref["name"], e)
         status = event.get("status")
         success = status == "success"
+        hosts: list[Host] = []
+        if not success:  # before any deletion: the job's -H list names the failed rank's pod
+            try:
+                hosts = mpijob_hosts(self.find(ref))
+            except Exception as e:
+                log.warning("could not read MPIJob %s to name the failed pod: %s", ref["name"], e)
         # A job that never started or ran out of time may still be running: whatever cleanup
         # says, it goes, or the retry would re-attach to it (the provider deletes too).
         stuck = status in ("not_started", "timeout")
@@ -785,7 +823,7 @@ class KubernetesLauncher(Launcher):
                 timeout=float(timeout or event.get("timeout") or 0),
                 log_tail=out.tail(),
             )
-        message = describe_failure(ref["name"], 1, out.tail())
+        message = describe_failure(ref["name"], 1, out.tail(), hosts)
         raise HorovodTrainingError(
             f"MPIJob {ref['namespace']}/{ref['name']} {status}: {event.get('message')}; {message}",
             exit_code=None,

@@ -269,3 +269,122 @@ def read_json(s3: S3Server, uri: str) -> dict[str, Any]:
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
     return json.loads(body)
+
+
+def assert_same_training(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Two runs' metrics.json agree: same ranks, same seed and data, only the transport or
+    the placement of the ranks differs. Counts and accuracy are equal; loss sums to float32
+    precision (the reduction order is the same, the summation may not be bit for bit)."""
+    assert b["val_correct"] == a["val_correct"]
+    assert b["val_accuracy"] == a["val_accuracy"]
+    assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
+    assert [e["train_loss"] for e in b["history"]] == pytest.approx(
+        [e["train_loss"] for e in a["history"]], rel=1e-5
+    )
+    assert b["param_hash"] == a["param_hash"]
+
+
+# --- an MPIJob's pods as podman containers (tests/engines/mpijob_harness.py) -------------
+TRAINER_IMAGE = "localhost/horovod-airflow-trainer:0.1.0"  # docker/trainer.Dockerfile
+MPIJOB_CONN_ID = "aws_mpijob"
+
+
+@dataclass
+class MPIJobNetwork:
+    """A podman network for the job's pods, and S3 on its gateway (reachable from them)."""
+
+    name: str
+    subnet_prefix: str  # "10.89.N"
+    podman_env: dict[str, str]
+    s3: S3Server
+
+
+def podman_cli_env() -> dict[str, str]:
+    """The podman API service running, and the environment the podman CLI needs with it
+    (CONTAINERS_CONF: runc, ulimits)."""
+    run_script("podman_engine.sh", "start")
+    exports = run_script("podman_engine.sh", "env").stdout.splitlines()
+    return dict(line.removeprefix("export ").split("=", 1) for line in exports if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def mpijob_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPIJobNetwork]:
+    """Network ``hva-mpijob-<n>`` with a holder container (the bridge exists only while a
+    container is attached) and moto's S3 on the gateway; always removed afterwards."""
+    from moto.server import ThreadedMotoServer
+
+    env = podman_cli_env()
+
+    def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["podman", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            check=check,
+            timeout=300,
+        )
+
+    if podman("image", "exists", TRAINER_IMAGE, check=False).returncode != 0:
+        pytest.skip(f"{TRAINER_IMAGE} is not built (docker/trainer.Dockerfile)")
+    octet = 200 + os.getpid() % 50
+    name, prefix = f"hva-mpijob-{octet}", f"10.89.{octet}"
+    holder = f"{name}-holder"
+    server = None
+    try:
+        podman("network", "create", "--subnet", f"{prefix}.0/24", name)
+        podman(
+            "run", "-d", "--name", holder, "--network", name, "--ip", f"{prefix}.2",
+            "--entrypoint", '["sleep","infinity"]', TRAINER_IMAGE,
+        )  # fmt: skip
+        gateway = f"{prefix}.1"
+        with socket.socket() as s:
+            s.bind((gateway, 0))
+            port = int(s.getsockname()[1])
+        server = ThreadedMotoServer(ip_address=gateway, port=port, verbose=False)
+        server.start()
+        endpoint = f"http://{gateway}:{port}"
+        s3 = S3Server(
+            endpoint=endpoint,
+            env={
+                "AWS_ACCESS_KEY_ID": "hva-mpijob-key",
+                "AWS_SECRET_ACCESS_KEY": "hva-mpijob-secret-do-not-log",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": endpoint,
+            },
+        )
+        var = f"AIRFLOW_CONN_{MPIJOB_CONN_ID.upper()}"
+        saved = os.environ.get(var)
+        os.environ[var] = s3.airflow_conn_uri_json()
+        try:
+            yield MPIJobNetwork(name=name, subnet_prefix=prefix, podman_env=env, s3=s3)
+        finally:
+            if saved is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = saved
+    finally:
+        if server is not None:
+            server.stop()
+        podman("rm", "-f", "-t", "0", holder, check=False)
+        podman("network", "rm", "-f", name, check=False)
+
+
+@pytest.fixture
+def mpijob_cluster(mpijob_network: MPIJobNetwork, tmp_path: Path) -> Iterator[Any]:
+    """A :class:`~tests.engines.mpijob_harness.PodmanCluster` on the network; every container
+    it made is removed afterwards, and the test fails if one was still running."""
+    from tests.engines.mpijob_harness import PodmanCluster
+
+    cluster = PodmanCluster(
+        mpijob_network.podman_env,
+        network=mpijob_network.name,
+        subnet_prefix=mpijob_network.subnet_prefix,
+        workdir=tmp_path / "pods",
+    )
+    try:
+        yield cluster
+        left = cluster.containers(running=True)
+        assert left == [], f"containers still running after the test: {left}"
+    finally:
+        cluster.remove_all()

@@ -26,6 +26,7 @@ from operators.command import RANK_ENV_WRAPPER
 from operators.launchers.base import JobSpec
 from operators.launchers.kubernetes import (
     SSH_AUTH_MOUNT_PATH,
+    TRAINER_GID,
     TRAINER_HOME,
     WORKER_COMMAND,
     WORKER_SSH_PORT,
@@ -219,6 +220,8 @@ def test_mpijob_manifest():
         hosts,
         "-p",
         "2222",
+        "--network-interface",
+        "eth0",
         *RANK_ENV_WRAPPER,
         *PROGRAM,
         "--data",
@@ -262,6 +265,20 @@ def test_the_worker_ssh_constants_are_what_the_trainer_image_has():
     user = re.search(r"useradd .*--uid (\d+) .*\s(\w+)\n", runtime)
     assert user and f"/home/{user.group(2)}" == TRAINER_HOME
     assert re.search(rf"^USER {user.group(1)}(:\d+)?$", runtime, re.MULTILINE)
+    assert "--user-group" in user.group(0) and int(user.group(1)) == TRAINER_GID
+
+
+def test_the_ranks_user_can_read_the_mounted_secrets():
+    """The kubelet writes Secret volume files as root; the credentials file is 0400. The
+    ranks run as the image's user, so both pods set its group as fsGroup (the kubelet then
+    gives the files to that group, with group read): without it the rank env file is
+    unreadable, and the ranks run without credentials."""
+    body = build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=2)
+    for role in ("Launcher", "Worker"):
+        pod_spec = body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+        assert pod_spec["securityContext"] == {"fsGroup": TRAINER_GID}, role
+        (volume,) = pod_spec["volumes"]
+        assert volume["secret"]["defaultMode"] == 0o400, role
 
 
 @pytest.mark.parametrize("distributed", [True, False], ids=["train", "one-rank export"])
@@ -283,6 +300,11 @@ def test_every_mpijob_runs_the_images_sshd_and_reaches_it(distributed):
     assert port < launcher_command.index(
         RANK_ENV_WRAPPER[0]
     )  # horovodrun's flag, not the program's
+    # The pod's interface, never a probe's pick: with one worker pod the probe also accepts
+    # lo, and the ranks then look for the rendezvous server at 127.0.0.1.
+    nic = launcher_command.index("--network-interface")
+    assert launcher_command[nic + 1] == "eth0"
+    assert nic < launcher_command.index(RANK_ENV_WRAPPER[0])
 
 
 def test_cpu_job_requests_no_gpus_and_bad_slots_are_named():
@@ -343,6 +365,35 @@ def test_failure_raises_with_launcher_log_and_keeps_the_job():
     # ... but not its credentials: the Secret goes when the job has ended.
     assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
     assert hook.core_v1_client.secrets == {}
+
+
+def test_a_failure_names_the_worker_pod_of_the_rank_that_failed_first():
+    """horovodrun names the rank; the job's -H list (workers in order, slots each) names the
+    pod it ran on, read from the MPIJob before it is deleted."""
+    log_text = "[1]<stderr>:Connection closed\nProcess name: 3\nExit code: 255"
+    hook = FakeHook([RUNNING], log_text=log_text)
+    job_failed = {**FAILED}
+    answers = iter([RUNNING, None])
+
+    def look(group, version, plural, name, namespace=None):
+        if name not in hook.objects:
+            raise ApiException(status=404)
+        answer = next(answers, None)
+        # the stored MPIJob with the state its conditions say: running, then failed
+        return {**hook.objects[name], **(answer or job_failed)}
+
+    hook.get_custom_object = look  # type: ignore[method-assign]
+    with pytest.raises(HorovodTrainingError) as err:
+        launcher(hook, cleanup="delete").run(spec(), LineLog())
+    pod = "hvd-train-1234-worker-1.hvd-train-1234.ml.svc"  # ranks 2 and 3 of 2 × 2 slots
+    assert f"rank 3 (host {pod}) failed first (exit code 255)" in str(err.value)
+    assert hook.deleted == ["hvd-train-1234"]  # read before the delete policy applied
+
+
+def test_the_failed_pod_is_left_unnamed_when_the_job_cannot_be_read():
+    hook = FakeHook([RUNNING, FAILED], log_text="Process name: 1\nExit code: 1")
+    with pytest.raises(HorovodTrainingError, match=r"rank 1 failed first \(exit code 1\)"):
+        launcher(hook).run(spec(), LineLog())  # FAILED carries no spec: no -H list
 
 
 def test_a_failed_create_leaves_no_secret_behind():
@@ -542,10 +593,21 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     assert worker["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
     host = f"{name}-worker-0.{name}.ml.svc:1"
-    assert command[:8] == ["horovodrun", "--gloo", "-np", "1", "-H", host, "-p", "2222"]
+    assert command[:10] == [
+        "horovodrun",
+        "--gloo",
+        "-np",
+        "1",
+        "-H",
+        host,
+        "-p",
+        "2222",
+        "--network-interface",
+        "eth0",
+    ]
     assert worker["command"] == list(WORKER_COMMAND)  # an sshd the launcher can reach
     assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
-    program = command[8 + len(RANK_ENV_WRAPPER) :]
+    program = command[10 + len(RANK_ENV_WRAPPER) :]
     assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
     assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
     # Credentials reach the rank through the Secret, never the manifest.

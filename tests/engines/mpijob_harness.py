@@ -1,0 +1,416 @@
+"""An MPIJob's pods as podman containers: the Kubernetes API the kubernetes launcher talks to,
+answered by doing what the Kubeflow MPI Operator (v2beta1 controller) would do with the
+manifest, unchanged.
+
+:class:`PodmanCluster` stands in for the provider's ``KubernetesHook`` (patched where the
+launcher imports it). On ``create_custom_object`` it plays the operator:
+
+- an ECDSA P-521 key pair (the operator's ``<job>-ssh`` Secret), mounted read-only at the
+  MPIJob's ``sshAuthMountPath`` as ``id_rsa`` / ``id_rsa.pub`` / ``authorized_keys``, with
+  the Secret volume's mode (the operator sets 0600 only for ``/root/.ssh``; elsewhere the
+  Kubernetes default 0644), owned by root, or group ``fsGroup`` with ``g+r`` where the pod
+  sets one (the kubelet's rule for Secret volumes);
+- workers ``<job>-worker-<i>``: the worker template's image, command, args, env and Secret
+  mounts, hostname ``<job>-worker-<i>``, env ``K_MPI_JOB_ROLE=worker``; each must pass the
+  template's ``tcpSocket`` readiness probe before the launcher starts
+  (``launcherCreationPolicy: WaitForWorkersReady``);
+- the launcher ``<job>-launcher``: its template, plus ``/etc/mpi/hostfile``
+  (``<job>-worker-<i>.<job>.<ns>.svc slots=N``) and the env the operator adds
+  (``K_MPI_JOB_ROLE``, ``OMPI_MCA_*``, NVIDIA variables cleared);
+- each worker on a node of its own with ``slotsPerWorker`` cores (``--cpuset-cpus``, wrapping
+  around this machine's cores): a rank sizes its torch threads from the cores it sees, so a
+  run with one rank per pod and one with two ranks in a pod use the same threads per rank;
+- the headless Service ``<job>``: every container resolves ``<pod>.<job>.<ns>.svc`` (and
+  ``….svc.cluster.local``) to the pod's address (``--add-host``: the cluster DNS).
+
+The job's state is its launcher's: running, Succeeded (exit 0) or Failed; once the launcher
+has ended, the still running workers are removed (``cleanPodPolicy: Running``). Pod specs use
+only what the launcher's manifests use; anything else fails loudly rather than being ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+HARNESS_LABEL = "hva-mpijob-harness"  # on every container the harness makes
+HOSTFILE_DIR = "/etc/mpi"
+# What the launcher's pod templates may use; the harness refuses what it does not emulate.
+CONTAINER_KEYS = frozenset(
+    {"name", "image", "command", "args", "env", "volumeMounts", "readinessProbe", "imagePullPolicy"}
+)
+POD_KEYS = frozenset({"containers", "volumes", "securityContext"})
+READY_WITHIN_S = 60.0
+
+
+def podman(env: Mapping[str, str], *args: str, check: bool = True) -> str:
+    done = subprocess.run(
+        ["podman", *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"podman {' '.join(args[:3])} … exited {done.returncode}: {done.stderr}")
+    return done.stdout
+
+
+def ssh_key_pair() -> tuple[bytes, bytes]:
+    """(private PEM, public ``authorized_keys`` line): the operator's ECDSA P-521 key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP521R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, public + b"\n"
+
+
+def write_volume(folder: Path, files: Mapping[str, bytes], mode: int, fs_group: int | None) -> Path:
+    """A Secret/ConfigMap volume as the kubelet writes it: root-owned files of ``mode``, or
+    group ``fs_group`` with group read added when the pod sets ``fsGroup``."""
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o755)
+    for name, data in files.items():
+        path = folder / name
+        path.write_bytes(data)
+        if fs_group is None:
+            os.chown(path, 0, 0)
+            os.chmod(path, mode)
+        else:
+            os.chown(path, 0, fs_group)
+            os.chmod(path, mode | 0o440)
+    return folder
+
+
+class _Core:
+    """``CoreV1Api``: the job's credential Secret, its pods (containers) and their logs."""
+
+    def __init__(self, cluster: PodmanCluster) -> None:
+        self.cluster = cluster
+        self.secrets: dict[str, dict[str, Any]] = {}
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        if name in self.secrets:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.secrets[name] = json.loads(json.dumps(body))
+
+    def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        if name not in self.secrets:
+            raise ApiException(status=404)
+        secret = self.secrets[name]
+        secret["metadata"].update(body.get("metadata") or {})
+        if "stringData" in body:
+            secret["stringData"] = dict(body["stringData"])
+
+    def delete_namespaced_secret(self, name: str, namespace: str) -> None:
+        if self.secrets.pop(name, None) is None:
+            raise ApiException(status=404)
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
+        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
+        items = []
+        for pod in self.cluster.pods():
+            if all(pod.metadata.labels.get(k) == v for k, v in wanted.items()):
+                items.append(pod)
+        return SimpleNamespace(items=items)
+
+    def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
+        # podman logs writes the container's stdout to stdout and its stderr to stderr
+        done = subprocess.run(
+            ["podman", "logs", name],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.cluster.podman_env},
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise ApiException(status=404, reason=done.stderr.strip())
+        return done.stdout + done.stderr
+
+
+class PodmanCluster:
+    """The launcher's ``KubernetesHook`` and the MPI Operator, on one podman network."""
+
+    def __init__(
+        self,
+        podman_env: Mapping[str, str],
+        *,
+        network: str,
+        subnet_prefix: str,  # "10.89.N": pods get <prefix>.10 and up
+        workdir: Path,
+        namespace: str = "hva",
+    ) -> None:
+        self.podman_env = dict(podman_env)
+        self.network = network
+        self.subnet_prefix = subnet_prefix
+        self.workdir = workdir
+        self.namespace = namespace
+        self.core_v1_client = _Core(self)
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.created: list[dict[str, Any]] = []  # every MPIJob manifest, as created
+        self.hostfiles: dict[str, str] = {}
+        self._next_ip = 10
+
+    # --- KubernetesHook ---------------------------------------------------------------
+    def get_namespace(self) -> str:
+        return self.namespace
+
+    def create_custom_object(self, group, version, plural, body, namespace=None):
+        assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
+        name = body["metadata"]["name"]
+        if name in self.jobs:
+            raise ApiException(status=409, reason="AlreadyExists")
+        manifest = json.loads(json.dumps(body))  # what the API server stores
+        self.jobs[name] = manifest
+        self.created.append(manifest)
+        self._start(manifest)
+        return {**manifest, "metadata": {**manifest["metadata"], "uid": f"uid-{name}"}}
+
+    def get_custom_object(self, group, version, plural, name, namespace=None):
+        if name not in self.jobs:
+            raise ApiException(status=404)
+        status, code = self.state(f"{name}-launcher")
+        if status in ("created", "configured", "running", "initialized"):
+            conditions = [{"type": "Running", "status": "True"}]
+        else:
+            self._clean_running_workers(name)  # cleanPodPolicy: Running
+            if code == 0:
+                conditions = [{"type": "Succeeded", "status": "True", "message": "completed"}]
+            else:
+                conditions = [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": f"launcher {name}-launcher exited with code {code}",
+                    }
+                ]
+        return {**self.jobs[name], "status": {"conditions": conditions}}
+
+    def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
+        if self.jobs.pop(name, None) is None:
+            raise ApiException(status=404)
+        for container in self.containers(job=name):
+            podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+
+    # --- the operator's part ----------------------------------------------------------
+    def _ip(self) -> str:
+        self._next_ip += 1
+        return f"{self.subnet_prefix}.{self._next_ip}"
+
+    def _start(self, job: dict[str, Any]) -> None:
+        name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+        spec = job["spec"]
+        replicas = spec["mpiReplicaSpecs"]
+        workers = int(replicas["Worker"]["replicas"])
+        slots = int(spec.get("slotsPerWorker", 1))
+        ssh_path = spec.get("sshAuthMountPath", "/root/.ssh")
+        private, public = ssh_key_pair()
+        ssh_files = {"id_rsa": private, "id_rsa.pub": public, "authorized_keys": public}
+        ssh_mode = 0o600 if ssh_path == "/root/.ssh" else 0o644
+        pods = [f"{name}-worker-{i}" for i in range(workers)] + [f"{name}-launcher"]
+        ips = {pod: self._ip() for pod in pods}
+        # the headless Service <job>: <pod>.<job>.<ns>.svc for every pod of the job
+        hosts = []
+        for pod, ip in ips.items():
+            for fqdn in (f"{pod}.{name}.{ns}.svc", f"{pod}.{name}.{ns}.svc.cluster.local"):
+                hosts.append(f"{fqdn}:{ip}")
+        hostfile = "".join(
+            f"{name}-worker-{i}.{name}.{ns}.svc slots={slots}\n" for i in range(workers)
+        )
+        self.hostfiles[name] = hostfile
+        ncpu = os.cpu_count() or 1
+        for i in range(workers):
+            pod = f"{name}-worker-{i}"
+            cpus = sorted({(i * slots + k) % ncpu for k in range(slots)})
+            self._run_pod(
+                job,
+                pod,
+                "worker",
+                replicas["Worker"]["template"],
+                ip=ips[pod],
+                hosts=hosts,
+                extra_env={"K_MPI_JOB_ROLE": "worker"},
+                ssh=(ssh_path, ssh_files, ssh_mode),
+                cpus=cpus,
+            )
+        for i in range(workers):
+            self._wait_ready(job, f"{name}-worker-{i}", ips[f"{name}-worker-{i}"])
+        pod = f"{name}-launcher"
+        self._run_pod(
+            job,
+            pod,
+            "launcher",
+            replicas["Launcher"]["template"],
+            ip=ips[pod],
+            hosts=hosts,
+            extra_env={
+                "K_MPI_JOB_ROLE": "launcher",
+                "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                "OMPI_MCA_orte_default_hostfile": f"{HOSTFILE_DIR}/hostfile",
+                "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+                "OMPI_MCA_orte_set_default_slots": str(slots),
+                "NVIDIA_VISIBLE_DEVICES": "",
+                "NVIDIA_DRIVER_CAPABILITIES": "",
+            },
+            ssh=(ssh_path, ssh_files, ssh_mode),
+            config={"hostfile": hostfile.encode()},
+        )
+
+    def _run_pod(
+        self,
+        job: dict[str, Any],
+        pod: str,
+        role: str,
+        template: dict[str, Any],
+        *,
+        ip: str,
+        hosts: Sequence[str],
+        extra_env: Mapping[str, str],
+        ssh: tuple[str, Mapping[str, bytes], int],
+        config: Mapping[str, bytes] | None = None,
+        cpus: Sequence[int] = (),
+    ) -> None:
+        name = job["metadata"]["name"]
+        spec = template["spec"]
+        unknown = set(spec) - POD_KEYS
+        assert not unknown, f"{pod}: pod spec fields the harness does not emulate: {unknown}"
+        (container,) = spec["containers"]
+        unknown = set(container) - CONTAINER_KEYS
+        assert not unknown, f"{pod}: container fields the harness does not emulate: {unknown}"
+        security = spec.get("securityContext") or {}
+        assert set(security) <= {"fsGroup"}, f"{pod}: securityContext {security} not emulated"
+        fs_group = security.get("fsGroup")
+        labels = {
+            **(template.get("metadata") or {}).get("labels", {}),
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/job-role": role,
+            HARNESS_LABEL: name,
+        }
+        args = ["run", "-d", "--name", pod, "--hostname", pod, "--network", self.network]
+        args += ["--ip", ip]
+        if cpus:
+            args += ["--cpuset-cpus", ",".join(map(str, cpus))]
+        for host in hosts:
+            args += ["--add-host", host]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        env: dict[str, str] = {}
+        for item in container.get("env") or []:
+            assert set(item) <= {"name", "value"}, f"{pod}: env {item} (valueFrom) not emulated"
+            env[item["name"]] = str(item.get("value", ""))
+        env.update(extra_env)
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        folder = self.workdir / pod
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes[mount["name"]]
+            assert set(volume) == {"name", "secret"}, f"{pod}: volume {volume} not emulated"
+            source = volume["secret"]
+            secret = self.core_v1_client.secrets.get(source["secretName"])
+            assert secret is not None, f"{pod}: Secret {source['secretName']} does not exist"
+            data = {k: v.encode() for k, v in (secret.get("stringData") or {}).items()}
+            path = write_volume(
+                folder / mount["name"], data, source.get("defaultMode", 0o644), fs_group
+            )
+            args += ["-v", f"{path}:{mount['mountPath']}:ro"]
+        ssh_path, ssh_files, ssh_mode = ssh
+        path = write_volume(folder / "ssh-auth", ssh_files, ssh_mode, fs_group)
+        args += ["-v", f"{path}:{ssh_path}:ro"]
+        if config is not None:
+            path = write_volume(folder / "mpi-job-config", config, 0o444, fs_group)
+            args += ["-v", f"{path}:{HOSTFILE_DIR}:ro"]
+        if container.get("command"):
+            args += ["--entrypoint", json.dumps(container["command"])]
+        args += [container["image"], *container.get("args", [])]
+        podman(self.podman_env, *args)
+
+    def _wait_ready(self, job: dict[str, Any], pod: str, ip: str) -> None:
+        """The worker template's readiness probe (``tcpSocket``), from the host."""
+        template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+        (container,) = template["spec"]["containers"]
+        port = int(container["readinessProbe"]["tcpSocket"]["port"])
+        deadline = time.monotonic() + READY_WITHIN_S
+        while time.monotonic() < deadline:
+            status, code = self.state(pod)
+            if status not in ("created", "configured", "running", "initialized"):
+                log = self.core_v1_client.read_namespaced_pod_log(pod, self.namespace)
+                raise AssertionError(f"worker {pod} {status} (exit {code}) before ready:\n{log}")
+            try:
+                with socket.create_connection((ip, port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"worker {pod} not ready on {ip}:{port} within {READY_WITHIN_S}s")
+
+    def _clean_running_workers(self, name: str) -> None:
+        for container in self.containers(job=name):
+            if "-worker-" in container and self.state(container)[0] == "running":
+                podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+
+    # --- looking at the containers ----------------------------------------------------
+    def state(self, container: str) -> tuple[str, int | None]:
+        out = podman(
+            self.podman_env,
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            container,
+            check=False,
+        ).split()
+        if len(out) != 2:
+            return "gone", None
+        return out[0], int(out[1])
+
+    def containers(self, job: str | None = None, running: bool = False) -> list[str]:
+        label = f"{HARNESS_LABEL}={job}" if job else HARNESS_LABEL
+        args = ["ps", "--filter", f"label={label}", "--format", "{{.Names}}"]
+        out = podman(self.podman_env, *args, *([] if running else ["-a"]))
+        return sorted(out.split())
+
+    def pods(self) -> list[Any]:
+        """The containers as ``V1Pod``s (the attributes the launcher reads)."""
+        phases = {"running": "Running", "created": "Pending", "configured": "Pending"}
+        pods = []
+        for container in self.containers():
+            out = podman(
+                self.podman_env, "inspect", "--format", "{{json .Config.Labels}}", container
+            )
+            labels = json.loads(out)
+            status, code = self.state(container)
+            phase = phases.get(status) or ("Succeeded" if code == 0 else "Failed")
+            pods.append(
+                SimpleNamespace(
+                    metadata=SimpleNamespace(name=container, labels=labels),
+                    status=SimpleNamespace(
+                        phase=phase,
+                        message=None,
+                        reason=None,
+                        conditions=[],
+                        init_container_statuses=None,
+                        container_statuses=[],
+                    ),
+                )
+            )
+        return pods
+
+    def remove_all(self) -> None:
+        for container in self.containers():
+            podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+        shutil.rmtree(self.workdir, ignore_errors=True)
