@@ -66,8 +66,14 @@ podman_compose_bin() {
 }
 
 compose() {
-  "$(podman_compose_bin)" --project-name "$project" --env-file "$envfile" \
-    -f "$root/docker-compose.yml" -f "$override" "$@"
+  # The settings file wins over the caller's environment (where Compose would let a variable
+  # of the shell, e.g. an HVA_BUCKET left over from elsewhere, override it): what `smoke` and
+  # the tests read from the file is what the stack runs with.
+  local bin
+  bin=$(podman_compose_bin)
+  (set -a; . "$envfile"; set +a
+    exec "$bin" --project-name "$project" --env-file "$envfile" \
+      -f "$root/docker-compose.yml" -f "$override" "$@")
 }
 
 # --- settings -----------------------------------------------------------------------------------

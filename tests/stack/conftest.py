@@ -100,6 +100,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "HVA_STACK_PROJECT": PROJECT,
         "HVA_STACK_AIRFLOW_PORT": str(free_port()),
         "HVA_STACK_S3_PORT": str(free_port()),
+        # A variable of the caller's shell that the compose file also reads: the settings
+        # file must win (other tests in the session leave HVA_BUCKET set).
+        "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",
     }
     compose_stack("images", env, BUILD_TIMEOUT)
     smoke = load_stack_smoke()

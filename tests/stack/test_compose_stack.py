@@ -27,6 +27,12 @@ def test_every_service_of_the_compose_file_ran(stack: Stack) -> None:
         "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
     ):  # fmt: skip
         assert any(f"_{service}_" in n for n in names), f"no container of {service}: {names}"
+    # The settings file, not the caller's environment, configured the services.
+    scheduler = next(n for n in names if "_airflow-scheduler_" in n)
+    env = stack.podman(
+        "inspect", "--format", "{{range .Config.Env}}{{println .}}{{end}}", scheduler
+    )
+    assert f"HVA_BUCKET={stack.settings['HVA_BUCKET']}" in env.splitlines()
     # The one-shot trainer service ran the doctor in the trainer image: Horovod is usable there.
     trainer = next(n for n in names if "_trainer_" in n)
     assert stack.podman("inspect", "--format", "{{.State.ExitCode}}", trainer).strip() == "0"
