@@ -28,10 +28,18 @@ EXPORT_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "export")
 
 # The variable that names the private file of rank credentials (the path is not a secret).
 RANK_ENV_FILE_VAR = "HVA_RANK_ENV_FILE"
-# Sources the credentials file (when this host can read it) and replaces itself with the
-# program, so the rank process is the program itself (signals, exit codes unchanged).
+# Sources the credentials file and replaces itself with the program, so the rank process is
+# the program itself (signals, exit codes unchanged). A host without the file (a remote host
+# with credentials of its own) runs the program without it; a file that exists but that this
+# user cannot read (a Secret mounted for another uid) stops the rank, saying so, instead of
+# letting it run on without credentials.
+RANK_ENV_UNREADABLE_EXIT = 126
 RANK_ENV_LOADER = (
-    f'if [ -r "${{{RANK_ENV_FILE_VAR}:-}}" ]; then set -a; . "${RANK_ENV_FILE_VAR}"; set +a; fi; '
+    f'f="${{{RANK_ENV_FILE_VAR}:-}}"; '
+    'if [ -r "$f" ]; then set -a; . "$f"; set +a; '
+    'elif [ -e "$f" ]; then '
+    f'echo "hva-rank: {RANK_ENV_FILE_VAR}=$f exists but uid $(id -u) cannot read it" >&2; '
+    f"exit {RANK_ENV_UNREADABLE_EXIT}; fi; "
     'exec "$@"'
 )
 RANK_ENV_WRAPPER: tuple[str, ...] = ("sh", "-c", RANK_ENV_LOADER, "hva-rank")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from operators.command import (
     RANK_ENV_FILE_VAR,
+    RANK_ENV_UNREADABLE_EXIT,
     RANK_ENV_WRAPPER,
     Host,
     doctor_argv,
@@ -194,6 +197,33 @@ def test_rank_wrapper_sources_the_file_and_execs(tmp_path):
     probe = ["python", "-c", "import os; print(os.environ.get('AWS_SECRET_ACCESS_KEY'))"]
     out = subprocess.run([*RANK_ENV_WRAPPER, *probe], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "None"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the wrapper as another uid")
+def test_rank_wrapper_stops_when_the_file_exists_but_is_unreadable():
+    """A credentials file this user cannot read (a Secret mounted for another uid) must stop
+    the rank with a message, not let it run on without credentials."""
+    import tempfile
+
+    # A folder every user can enter (pytest's tmp_path is root's alone), holding a file only
+    # root can read; the rank below runs as nobody.
+    folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="hva-rank-env-"))
+    try:
+        folder.chmod(0o755)
+        env_file = folder / "rank.env"
+        env_file.write_text(rank_env_file_text({"AWS_ACCESS_KEY_ID": "AKIA1"}))
+        env_file.chmod(0o600)
+        env = {"PATH": os.environ["PATH"], RANK_ENV_FILE_VAR: str(env_file)}
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        out = subprocess.run(
+            [*as_nobody, *RANK_ENV_WRAPPER, "echo", "the program ran"],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert out.returncode == RANK_ENV_UNREADABLE_EXIT, (out.stdout, out.stderr)
+        assert "the program ran" not in out.stdout
+        assert f"{RANK_ENV_FILE_VAR}={env_file} exists but uid 65534 cannot read it" in out.stderr
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_stash_script_moves_secrets_out_of_the_environment():
