@@ -228,31 +228,29 @@ def simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simula
             )
 
 
-@pytest.fixture(scope="session")
-def netns_s3(simulated_hosts: SimulatedHosts) -> Iterator[S3Server]:
-    """A moto S3 server on the bridge address, reachable from every simulated host.
-
-    The session's ``s3_server`` listens on 127.0.0.1, which is each namespace's own loopback.
-    Registered as the Airflow connection ``aws_netns``; the process environment is untouched.
-    """
+@contextlib.contextmanager
+def s3_server_on(address: str, conn_id: str, name: str) -> Iterator[S3Server]:
+    """Moto's S3 server on ``address`` (not loopback: namespaces and containers have their
+    own), registered as the Airflow connection ``conn_id``; the process environment is
+    otherwise untouched. ``name`` tells its credentials apart from other servers'."""
     from moto.server import ThreadedMotoServer
 
     with socket.socket() as s:
-        s.bind((simulated_hosts.bridge_ip, 0))
+        s.bind((address, 0))
         port = int(s.getsockname()[1])
-    server = ThreadedMotoServer(ip_address=simulated_hosts.bridge_ip, port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=address, port=port, verbose=False)
     server.start()
-    endpoint = f"http://{simulated_hosts.bridge_ip}:{port}"
+    endpoint = f"http://{address}:{port}"
     srv = S3Server(
         endpoint=endpoint,
         env={
-            "AWS_ACCESS_KEY_ID": "hva-netns-key",
-            "AWS_SECRET_ACCESS_KEY": "hva-netns-secret-do-not-log",
+            "AWS_ACCESS_KEY_ID": f"hva-{name}-key",
+            "AWS_SECRET_ACCESS_KEY": f"hva-{name}-secret-do-not-log",
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_ENDPOINT_URL": endpoint,
         },
     )
-    var = f"AIRFLOW_CONN_{NETNS_CONN_ID.upper()}"
+    var = f"AIRFLOW_CONN_{conn_id.upper()}"
     saved = os.environ.get(var)
     os.environ[var] = srv.airflow_conn_uri_json()
     try:
@@ -263,6 +261,17 @@ def netns_s3(simulated_hosts: SimulatedHosts) -> Iterator[S3Server]:
             os.environ.pop(var, None)
         else:
             os.environ[var] = saved
+
+
+@pytest.fixture(scope="session")
+def netns_s3(simulated_hosts: SimulatedHosts) -> Iterator[S3Server]:
+    """A moto S3 server on the bridge address, reachable from every simulated host.
+
+    The session's ``s3_server`` listens on 127.0.0.1, which is each namespace's own loopback.
+    Registered as the Airflow connection ``aws_netns``; the process environment is untouched.
+    """
+    with s3_server_on(simulated_hosts.bridge_ip, NETNS_CONN_ID, "netns") as srv:
+        yield srv
 
 
 def read_json(s3: S3Server, uri: str) -> dict[str, Any]:
@@ -311,8 +320,6 @@ def podman_cli_env() -> dict[str, str]:
 def mpijob_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPIJobNetwork]:
     """Network ``hva-mpijob-<n>`` with a holder container (the bridge exists only while a
     container is attached) and moto's S3 on the gateway; always removed afterwards."""
-    from moto.server import ThreadedMotoServer
-
     env = podman_cli_env()
 
     def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -330,42 +337,15 @@ def mpijob_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPIJobN
     octet = 200 + os.getpid() % 50
     name, prefix = f"hva-mpijob-{octet}", f"10.89.{octet}"
     holder = f"{name}-holder"
-    server = None
     try:
         podman("network", "create", "--subnet", f"{prefix}.0/24", name)
         podman(
             "run", "-d", "--name", holder, "--network", name, "--ip", f"{prefix}.2",
             "--entrypoint", '["sleep","infinity"]', TRAINER_IMAGE,
         )  # fmt: skip
-        gateway = f"{prefix}.1"
-        with socket.socket() as s:
-            s.bind((gateway, 0))
-            port = int(s.getsockname()[1])
-        server = ThreadedMotoServer(ip_address=gateway, port=port, verbose=False)
-        server.start()
-        endpoint = f"http://{gateway}:{port}"
-        s3 = S3Server(
-            endpoint=endpoint,
-            env={
-                "AWS_ACCESS_KEY_ID": "hva-mpijob-key",
-                "AWS_SECRET_ACCESS_KEY": "hva-mpijob-secret-do-not-log",
-                "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_ENDPOINT_URL": endpoint,
-            },
-        )
-        var = f"AIRFLOW_CONN_{MPIJOB_CONN_ID.upper()}"
-        saved = os.environ.get(var)
-        os.environ[var] = s3.airflow_conn_uri_json()
-        try:
+        with s3_server_on(f"{prefix}.1", MPIJOB_CONN_ID, "mpijob") as s3:
             yield MPIJobNetwork(name=name, subnet_prefix=prefix, podman_env=env, s3=s3)
-        finally:
-            if saved is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = saved
     finally:
-        if server is not None:
-            server.stop()
         podman("rm", "-f", "-t", "0", holder, check=False)
         podman("network", "rm", "-f", name, check=False)
 
