@@ -39,6 +39,13 @@ def test_dagbag_imports_cleanly_without_heavy_modules(airflow_db):
     assert result["heavy"] == [], f"DAG parsing imported {result['heavy']}"
 
 
+@pytest.fixture(autouse=True)
+def _hva_bucket_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_load_dag sets HVA_BUCKET for the test (the DAG reads it at import and dag.test()
+    re-parses it); put the variable back afterwards, so no later test inherits the bucket."""
+    monkeypatch.setenv("HVA_BUCKET", os.environ.get("HVA_BUCKET", "horovod-airflow"))
+
+
 def _load_dag(bucket: str, module: str = "dags.mnist_horovod_retrain"):
     """Import the DAG module fresh with HVA_BUCKET set (settings are read at import)."""
     os.environ["HVA_BUCKET"] = bucket
