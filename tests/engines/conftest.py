@@ -27,6 +27,8 @@ from tests.conftest import REPO, VENV_BIN, S3Server
 ENGINES = REPO / "scripts" / "engines"
 UNAVAILABLE_EXIT = 2  # the scripts' "this machine cannot provide it"
 JOB_LABEL = "horovod-airflow/job"  # the docker launcher labels its containers with this
+# Each rank says where it runs before it becomes the program (exec keeps pid, signals, exit).
+WHERE = ("sh", "-c", 'echo "hva-rank rank=$HOROVOD_RANK host=$(hostname)"; exec "$@"', "where")
 NETNS_CONN_ID = "aws_netns"
 
 

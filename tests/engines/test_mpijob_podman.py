@@ -22,6 +22,7 @@ from operators.staging import stage_dataset
 from tests.engines.conftest import (
     MPIJOB_CONN_ID,
     TRAINER_IMAGE,
+    WHERE,
     MPIJobNetwork,
     assert_same_training,
     read_json,
@@ -31,8 +32,6 @@ from tests.operators.helpers import context
 # Each run starts three containers of the 6.6 GB trainer image and imports torch in each rank.
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-# Each rank says where it runs before it becomes the program (exec keeps pid, signals, exit).
-WHERE = ("sh", "-c", 'echo "hva-rank rank=$HOROVOD_RANK host=$(hostname)"; exec "$@"', "where")
 TRAIN_ARGS = {
     "epochs": 1,
     "max_train_samples": 512,

@@ -21,6 +21,7 @@ from operators import HorovodTrainingError, HorovodTrainOperator
 from operators.staging import stage_dataset
 from tests.engines.conftest import (
     NETNS_CONN_ID,
+    WHERE,
     SimulatedHosts,
     assert_same_training,
     read_json,
@@ -30,8 +31,6 @@ from tests.operators.helpers import context
 pytestmark = pytest.mark.engine
 
 PROBE = ("python", "-m", "tests.engines.hvd_probe")
-# Each rank says where it runs before it becomes the program (exec keeps pid, signals, exit).
-WHERE = ("sh", "-c", 'echo "hva-rank rank=$HOROVOD_RANK host=$(hostname)"; exec "$@"', "where")
 TRAIN_ARGS = {
     "epochs": 1,
     "max_train_samples": 1024,
