@@ -64,6 +64,15 @@ def compose_stack(command: str, env: dict[str, str], timeout: float) -> str:
     return done.stdout
 
 
+def project_containers() -> list[str]:
+    """Names of the test stack's containers, in any state."""
+    out = subprocess.run(
+        ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+         "--format", "{{.Names}}"], capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out.split()
+
+
 @dataclass
 class Stack:
     """A running stack: its settings file (secrets included) and endpoints."""
@@ -77,11 +86,7 @@ class Stack:
         return subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout
 
     def containers(self) -> list[str]:
-        out = self.podman(
-            "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
-            "--format", "{{.Names}}",
-        )  # fmt: skip
-        return out.split()
+        return project_containers()
 
 
 @pytest.fixture(scope="package")
@@ -117,18 +122,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
     finally:
         if (state / "stack.env").exists():
-            for name in subprocess.run(
-                ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
-                 "--format", "{{.Names}}"], capture_output=True, text=True,
-            ).stdout.split():  # fmt: skip
+            for name in project_containers():
                 logs = subprocess.run(["podman", "logs", "--tail", "15", name],
                                       capture_output=True, text=True)  # fmt: skip
                 (state / f"{name}.log").write_text(logs.stdout + logs.stderr)
             compose_stack("down", env, 300)
-            left = subprocess.run(
-                ["podman", "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
-                 "--format", "{{.Names}}"], capture_output=True, text=True, check=True,
-            ).stdout.split()  # fmt: skip
+            left = project_containers()
             volumes = json.loads(
                 subprocess.run(["podman", "volume", "ls", "--format", "json"],
                                capture_output=True, text=True, check=True).stdout or "[]"
