@@ -24,151 +24,66 @@ standard AWS_* environment variables) or a local folder.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 
-from trainer.config import (
-    CHANNELS_LAST,
-    LR_SCALINGS,
-    LR_SCHEDULES,
-    OPTIMIZERS,
-    PRECISIONS,
-    RESUME_MISMATCHES,
-    ConfigError,
-    TrainConfig,
-)
+from trainer import config as options
+from trainer.config import ConfigError, TrainConfig
 
-_DEFAULTS = {
-    f: getattr(TrainConfig, f) for f in TrainConfig.__dataclass_fields__ if hasattr(TrainConfig, f)
-}
+
+def _help(name: str) -> str:
+    """An option's ``--help`` line, from its declaration: choices, what it allows, default."""
+    o = options.OPTIONS[name]
+    typ, _ = options.TYPES[name]
+    text = o.help.replace("%", "%%")
+    if typ is bool:
+        return text
+    choices = o.choice_values()
+    if choices:
+        text = f"{'|'.join(choices)}: {text}"
+    elif typ in (int, float):
+        text += f"; {options.allowed(name)}"
+    if options.default(name) not in (None, "", dataclasses.MISSING):
+        text += " (default %(default)s)"
+    return text
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``TrainConfig`` field, in its declared group: ``--batch-size`` for
+    ``batch_size``, typed by the field, defaulting to the field's default, required when the
+    field has none; a bool field is an on/off switch (off by default). The values are checked
+    by ``TrainConfig`` itself, so the command line and direct construction refuse alike."""
+    groups = {g: parser.add_argument_group(g) for g in options.GROUPS}
+    for name, o in options.OPTIONS.items():
+        typ, _ = options.TYPES[name]
+        fallback = options.default(name)
+        group = groups[o.group]
+        if typ is bool:
+            if fallback is not False:
+                raise TypeError(f"{name}: a switch must default to False, not {fallback!r}")
+            group.add_argument(options.flag(name), dest=name, action="store_true", help=_help(name))
+        elif fallback is dataclasses.MISSING:
+            group.add_argument(
+                options.flag(name), dest=name, type=typ, required=True, help=_help(name)
+            )
+        else:
+            group.add_argument(
+                options.flag(name), dest=name, type=typ, default=fallback, help=_help(name)
+            )
 
 
 def _train_parser(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
-    d = _DEFAULTS
     p = sub.add_parser(
         "train",
         help="train (run under horovodrun: one process per rank)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    io = p.add_argument_group("data and artifacts")
-    io.add_argument("--data", required=True, help="staged dataset: s3://bucket/prefix or folder")
-    io.add_argument("--output", required=True, help="where checkpoint.pt and metrics.json go")
-    io.add_argument(
-        "--cache-dir",
-        default="",
-        help="per-node dataset cache (default $HVA_CACHE_DIR or ~/.cache/horovod-airflow)",
-    )
-    io.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from <output>/checkpoint.pt (with every rank's RNG state) when it was "
-        "made by this run: same dataset content, world size and training settings",
-    )
-    io.add_argument(
-        "--resume-mismatch",
-        default=d["resume_mismatch"],
-        help=f"{'|'.join(RESUME_MISMATCHES)}: when --resume finds a checkpoint made another way, "
-        "stop naming each difference (error), or ignore it and train from scratch (fresh); "
-        "default %(default)s",
-    )
-    io.add_argument(
-        "--max-train-samples",
-        type=int,
-        default=d["max_train_samples"],
-        help="use the first N training samples (0 = all)",
-    )
-    io.add_argument(
-        "--max-val-samples",
-        type=int,
-        default=d["max_val_samples"],
-        help="evaluate on the first N test samples (0 = all)",
-    )
-    opt = p.add_argument_group("model and optimization")
-    opt.add_argument("--model", default=d["model"], help="model name (default %(default)s)")
-    opt.add_argument(
-        "--epochs", type=int, default=d["epochs"], help="total epochs (default %(default)s)"
-    )
-    opt.add_argument(
-        "--target-accuracy",
-        type=float,
-        default=None,
-        help="stop after the first epoch whose allreduced validation accuracy is at least this "
-        "fraction (e.g. 0.99); every rank sees the same number, so all stop together "
-        "(default: run all --epochs)",
-    )
-    opt.add_argument(
-        "--batch-size",
-        type=int,
-        default=d["batch_size"],
-        help="per-rank batch (default %(default)s)",
-    )
-    opt.add_argument(
-        "--lr", type=float, default=d["lr"], help="base lr for one rank (default %(default)s)"
-    )
-    opt.add_argument(
-        "--lr-scaling",
-        default=d["lr_scaling"],
-        help=f"lr x world size: {'|'.join(LR_SCALINGS)} (default %(default)s)",
-    )
-    opt.add_argument(
-        "--lr-schedule",
-        default=d["lr_schedule"],
-        help=f"{'|'.join(LR_SCHEDULES)} after warmup (default %(default)s)",
-    )
-    opt.add_argument(
-        "--warmup-epochs",
-        type=float,
-        default=d["warmup_epochs"],
-        help="linear warmup length (default %(default)s)",
-    )
-    opt.add_argument(
-        "--optimizer", default=d["optimizer"], help=f"{'|'.join(OPTIMIZERS)} (default %(default)s)"
-    )
-    opt.add_argument(
-        "--weight-decay", type=float, default=d["weight_decay"], help="(default %(default)s)"
-    )
-    opt.add_argument("--seed", type=int, default=d["seed"], help="(default %(default)s)")
-    hv = p.add_argument_group("horovod")
-    hv.add_argument(
-        "--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce"
-    )
-    hv.add_argument(
-        "--adasum", action="store_true", help="reduce gradients with Adasum instead of averaging"
-    )
-    hv.add_argument(
-        "--backward-passes-per-step",
-        type=int,
-        default=d["backward_passes_per_step"],
-        help="local accumulation before each allreduce (default %(default)s)",
-    )
-    sp = p.add_argument_group("speed")
-    sp.add_argument(
-        "--precision",
-        default=d["precision"],
-        help=f"{'|'.join(PRECISIONS)}: bf16 autocast, fp32 weights; auto = bf16 only on "
-        "hardware with native bf16 (default %(default)s)",
-    )
-    sp.add_argument(
-        "--channels-last",
-        default=d["channels_last"],
-        help=f"{'|'.join(CHANNELS_LAST)} (default %(default)s)",
-    )
-    sp.add_argument(
-        "--eval-batch-size", type=int, default=d["eval_batch_size"], help="(default %(default)s)"
-    )
-    dbg = p.add_argument_group("diagnostics")
-    dbg.add_argument(
-        "--log-interval", type=int, default=d["log_interval"], help="log every N steps (0 = never)"
-    )
-    dbg.add_argument(
-        "--debug-param-hash",
-        action="store_true",
-        help="each rank prints its parameter hash after the broadcast and after step 1",
-    )
+    add_train_options(p)
     return p
 
 
@@ -202,34 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(
-        data=args.data,
-        output=args.output,
-        model=args.model,
-        epochs=args.epochs,
-        target_accuracy=args.target_accuracy,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        lr_scaling=args.lr_scaling,
-        lr_schedule=args.lr_schedule,
-        warmup_epochs=args.warmup_epochs,
-        optimizer=args.optimizer,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        max_train_samples=args.max_train_samples,
-        max_val_samples=args.max_val_samples,
-        resume=args.resume,
-        resume_mismatch=args.resume_mismatch,
-        fp16_allreduce=args.fp16_allreduce,
-        adasum=args.adasum,
-        backward_passes_per_step=args.backward_passes_per_step,
-        precision=args.precision,
-        channels_last=args.channels_last,
-        cache_dir=args.cache_dir,
-        eval_batch_size=args.eval_batch_size,
-        log_interval=args.log_interval,
-        debug_param_hash=args.debug_param_hash,
-    )
+    """The ``TrainConfig`` of parsed ``train`` arguments; ``ConfigError`` names a bad value."""
+    return TrainConfig(**{name: getattr(args, name) for name in options.OPTIONS})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
