@@ -45,6 +45,7 @@ from operators import (
     PublishModelOperator,
     StageDatasetOperator,
     safe_key,
+    trainer_param_schema,
 )
 from operators.settings import (
     AWS_CONN_ID,
@@ -78,18 +79,12 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
     params={
         "num_proc": Param(DEFAULT_NUM_PROC, type="integer", minimum=1, maximum=512,
                           title="Ranks", description="Horovod ranks (processes); one per GPU."),
-        "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100, title="Epochs",
-                        description="Training epochs; empty = the trainer's tuned default."),
-        "batch_size": Param(None, type=["null", "integer"], minimum=1, maximum=8192,
-                            title="Batch size per rank",
-                            description="Per-rank batch size; empty = the trainer's default."),
-        "lr": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=10,
-                    title="Learning rate",
-                    description="Base learning rate before world-size scaling; empty = default."),
-        "max_train_samples": Param(None, type=["null", "integer"], minimum=1,
-                                   title="Training samples",
-                                   description="Train on a deterministic subset of this many "
-                                               "samples (smoke runs); empty = all."),
+        # The trainer's options, with the bounds, title and help the trainer declares for them.
+        "epochs": Param(None, **trainer_param_schema("epochs", nullable=True)),
+        "batch_size": Param(None, **trainer_param_schema("batch_size", nullable=True)),
+        "lr": Param(None, **trainer_param_schema("lr", nullable=True)),
+        "max_train_samples": Param(None, **trainer_param_schema("max_train_samples",
+                                                                nullable=True)),
         "min_accuracy": Param(0.98, type="number", minimum=0, maximum=1,
                               title="Minimum accuracy",
                               description="Gate floor: allreduced validation accuracy (0-1)."),

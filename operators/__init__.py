@@ -8,6 +8,8 @@ from operators import (
 )
 
 ``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
+``trainer_param_schema("epochs", nullable=True)`` is the JSON schema of a trainer option as
+the trainer declares it (``trainer.config.param_schema``), for a DAG's ``Param``.
 """
 
 from operators.exceptions import (
@@ -27,6 +29,7 @@ from operators.model_registry import safe_key
 from operators.publish import PublishModelOperator
 from operators.stage import StageDatasetOperator
 from operators.train import HorovodTrainOperator
+from trainer.config import param_schema as trainer_param_schema
 
 __all__ = [
     "ChampionChangedError",
@@ -44,4 +47,5 @@ __all__ = [
     "StageDatasetOperator",
     "TrainingCompletedError",
     "safe_key",
+    "trainer_param_schema",
 ]

@@ -11,7 +11,8 @@ the machine. So credentials never enter horovodrun's environment: the launcher w
 to a private file (mode 0600) named by ``HVA_RANK_ENV_FILE``, and each rank sources that
 file right before it ``exec``s the program. Only the file's *path* travels on command lines.
 
-Pure functions; no Airflow, no torch: unit-testable and shared by every launcher.
+Pure functions; no Airflow, no torch (``trainer.config`` is neither): unit-testable and shared
+by every launcher.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.config import ConfigError, check_trainer_arg_keys
+
 HOROVODRUN = "horovodrun"
+#: The trainer's options the train operator sets from its own arguments (``program_argv``:
+#: ``data``, ``output``, ``resume_on_retry``), so never through ``trainer_args``.
+TRAINER_SETS = ("data", "output", "resume")
 TRAINER_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "train")
 EXPORT_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "export")
 
@@ -101,11 +107,17 @@ def parse_hosts(hosts: str | Sequence[str] | None, num_proc: int) -> list[Host]:
     return parsed
 
 
-def trainer_args_to_argv(args: Mapping[str, Any] | Sequence[Any] | None) -> list[str]:
+def trainer_args_to_argv(
+    args: Mapping[str, Any] | Sequence[Any] | None, entrypoint: Sequence[str] | None = None
+) -> list[str]:
     """``{"batch_size": 64, "amp": True, "seed": None}`` → ``["--batch-size", "64", "--amp"]``.
 
     Underscores become dashes; ``True`` is a bare flag; ``False``/``None`` are omitted; a
     list value repeats its items after one flag. A list/tuple is passed through as strings.
+    With an ``entrypoint`` that is this project's ``trainer train``, a dict's keys must be
+    options it declares (``trainer.config.OPTIONS``) other than those the operator sets
+    itself (``TRAINER_SETS``): a misspelt key fails here, at DAG parse time, naming the known
+    ones, instead of in the ranks' argparse at run time.
     """
     if args is None:
         return []
@@ -115,6 +127,11 @@ def trainer_args_to_argv(args: Mapping[str, Any] | Sequence[Any] | None) -> list
         )
     if not isinstance(args, Mapping):
         return [str(a) for a in args]
+    if entrypoint is not None and is_our_train(entrypoint):
+        try:
+            check_trainer_arg_keys(args, set_by_caller=TRAINER_SETS)
+        except ConfigError as e:
+            raise ValueError(f"trainer_args: {e}") from None
     argv: list[str] = []
     for key, value in args.items():
         if not isinstance(key, str) or not key or key.startswith("-"):
@@ -197,6 +214,11 @@ def is_our_trainer(entrypoint: Sequence[str]) -> bool:
     """True when the entrypoint runs this project's trainer (``python -m trainer ...``)."""
     ep = [str(a) for a in entrypoint]
     return len(ep) >= 3 and ep[1] == "-m" and ep[2] == "trainer"
+
+
+def is_our_train(entrypoint: Sequence[str]) -> bool:
+    """True when the entrypoint is this project's ``python -m trainer train``."""
+    return is_our_trainer(entrypoint) and [str(a) for a in entrypoint][3:4] == ["train"]
 
 
 def doctor_argv(entrypoint: Sequence[str], num_proc: int, gpus_per_proc: int) -> list[str]:

@@ -20,8 +20,9 @@ FORBIDDEN_MODULES = (
     "operators.model_registry", "operators.staging", "operators.serving", "trainer",
     "boto3", "botocore", "airflow.providers", "airflow.hooks",
 )  # fmt: skip
-#: What module-level code may call: the DAG's constants and its decorator.
-MODULE_CALLS = {"Asset", "Param", "datetime", "timedelta", "dag"}
+#: What module-level code may call: the DAG's constants and its decorator, and the schema
+#: lookup of a trainer option (a declaration read from the trainer, not a decision).
+MODULE_CALLS = {"Asset", "Param", "datetime", "timedelta", "dag", "trainer_param_schema"}
 #: What a DAG file may take from the Task SDK (no @task bodies, no context reads).
 SDK_NAMES = {"Asset", "Param", "dag", "DAG"}
 
