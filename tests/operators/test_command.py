@@ -13,6 +13,7 @@ from operators.command import (
     RANK_ENV_FILE_VAR,
     RANK_ENV_UNREADABLE_EXIT,
     RANK_ENV_WRAPPER,
+    TRAINER_ENTRYPOINT,
     Host,
     doctor_argv,
     forwardable_environ,
@@ -117,6 +118,20 @@ def test_trainer_args_mapping(args, expected):
 def test_bad_trainer_args_are_named(args, message):
     with pytest.raises(ValueError, match=message):
         trainer_args_to_argv(args)
+
+
+def test_trainer_args_keys_are_checked_against_the_trainers_options():
+    """For this project's ``trainer train`` a misspelt key fails when the DAG is parsed,
+    naming the keys the trainer declares; other entrypoints take any key."""
+    args = {"epochs": 2, "batch_size": "{{ params.batch_size }}", "fp16_allreduce": True}
+    assert trainer_args_to_argv(args, TRAINER_ENTRYPOINT) == trainer_args_to_argv(args)
+    with pytest.raises(ValueError, match=r"'epoch' is not an option .*known: .*epochs") as e:
+        trainer_args_to_argv({"epochs": 1, "epoch": 2}, TRAINER_ENTRYPOINT)
+    assert "'data'" not in str(e.value) and "max_train_samples" in str(e.value)
+    with pytest.raises(ValueError, match="'output' is set by the operator itself"):
+        trainer_args_to_argv({"output": "s3://b/x"}, ("python3", "-m", "trainer", "train"))
+    for other in (("python", "my_train.py"), ("python", "-m", "trainer", "export"), None):
+        assert trainer_args_to_argv({"epoch": 2}, other) == ["--epoch", "2"]
 
 
 @pytest.mark.parametrize(
