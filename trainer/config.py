@@ -9,7 +9,8 @@ Each option is declared once, here: a field of ``TrainConfig`` whose metadata (a
 holds its help text, ``--help`` group, choices or bounds and form title. From that one
 declaration come the ``trainer train`` command line (``trainer.cli``), the checks of
 ``TrainConfig.__post_init__``, the JSON-schema fragments of the Airflow Params that feed these
-options (``param_schema``) and the ``trainer_args`` keys the train operator accepts.
+options (``param_schema``) and the check of ``trainer_args`` keys
+(``check_trainer_arg_keys``, used by ``operators.command.trainer_args_to_argv``).
 This module imports neither torch nor Airflow (the Airflow image imports it).
 
 Defaults are the recipe chosen by measurement for 2 CPU ranks on full MNIST: the BatchNorm CNN
