@@ -37,6 +37,7 @@ from tests.operators.test_kubernetes_launcher import (
     pod,
     spec,
 )
+from tests.operators.trainjob_schema import trainjob_errors
 
 NAME = "hvd-train-1234"
 RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Created", "status": "True"}]}}
@@ -360,3 +361,92 @@ def test_pod_options_are_shared_with_the_mpijob():
     assert node_spec["containers"][0].pop("name") == "node"
     worker["spec"]["containers"][0].pop("name")
     assert node_spec == worker["spec"] and node["metadata"] == worker["metadata"]
+
+
+def trainer_manifests() -> dict[str, dict[str, Any]]:
+    """Every TrainingRuntime and TrainJob the launcher builds, by shape."""
+    from operators.job import job_labels
+
+    labels = job_labels("mnist_horovod_retrain", "train", "manual__2026-12-04T18:49:33+00:00", 2)
+    shapes = {
+        "train, all pod settings": build_trainjob(
+            spec(labels=labels), image="hva/trainer:1", namespace="ml", slots_per_worker=2,
+            pod_options=PodOptions(**POD_OPTIONS),
+        ),
+        "one-rank export": tuple(launcher(TrainerHook([])).manifests(
+            spec(num_proc=1, distributed=False, labels=labels)
+        )),
+        "cpu, no secrets, no timeout": build_trainjob(
+            spec(gpus_per_proc=0, secret_env={}, timeout=None), image="hva/trainer:1",
+            namespace="ml", slots_per_worker=1,
+        ),
+    }  # fmt: skip
+    return {f"{shape}: {body['kind']}": body for shape, bodies in shapes.items() for body in bodies}
+
+
+@pytest.mark.parametrize("shape", list(trainer_manifests()))
+def test_every_trainer_manifest_passes_trainers_api_schema(shape):
+    assert trainjob_errors(trainer_manifests()[shape]) == []
+
+
+def _set(path: str, value: Any = None, *, delete: bool = False) -> Any:
+    def mutate(body: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = body
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if delete:
+            del node[last]
+        else:
+            node[last] = value
+
+    return mutate
+
+
+JOBS = "spec.template.spec.replicatedJobs"
+NODE_POD = f"{JOBS}.0.template.spec.template.spec"
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate", "error"),
+    [
+        # misspelt keys, at each level: Trainer's, JobSet's, the core pod's
+        ("TrainingRuntime", _set("spec.mlPolicy.mpi.numProcsPerNode", 2),
+         "spec.mlPolicy.mpi.numProcsPerNode: unknown field 'numProcsPerNode' of "
+         "TrainerV1alpha1MPIMLPolicySource"),
+        ("TrainingRuntime", _set("spec.template.spec.startupPolicy.order", "InOrder"),
+         "spec.template.spec.startupPolicy.order: unknown field 'order' of "
+         "JobsetV1alpha2StartupPolicy"),
+        ("TrainingRuntime", _set(f"{NODE_POD}.containers.0.commands", ["sshd"]),
+         f"{JOBS}[0].template.spec.template.spec.containers[0].commands: unknown field"),
+        ("TrainJob", _set("spec.runtimeRef.group", "trainer.kubeflow.org"),
+         "spec.runtimeRef.group: unknown field 'group' of TrainerV1alpha1RuntimeRef"),
+        # wrong types
+        ("TrainingRuntime", _set("spec.mlPolicy.numNodes", "2"),
+         "spec.mlPolicy.numNodes: Input should be a valid integer, got '2'"),
+        ("TrainingRuntime", _set("spec.mlPolicy.mpi.runLauncherAsNode", "false"),
+         "spec.mlPolicy.mpi.runLauncherAsNode: Input should be a valid boolean"),
+        ("TrainingRuntime", _set(f"{NODE_POD}.containers.0.command", "sshd -D"),
+         f"{JOBS}[0].template.spec.template.spec.containers[0].command: must be a list"),
+        ("TrainingRuntime", _set(f"{NODE_POD}.containers.0.resources.limits.cpu", [4]),
+         "containers[0].resources.limits.cpu: not a valid IoK8sApimachineryPkgApiResourceQuantity"),
+        ("TrainJob", _set("spec.trainer.numNodes", 2.5),
+         "spec.trainer.numNodes: Input should be a valid integer"),
+        # missing required fields
+        ("TrainJob", _set("spec.runtimeRef", delete=True),
+         "spec.runtimeRef: required field of TrainerV1alpha1TrainJobSpec is missing"),
+        ("TrainingRuntime", _set(f"{JOBS}.1.name", delete=True),
+         f"{JOBS}[1].name: required field of JobsetV1alpha2ReplicatedJob is missing"),
+        ("TrainingRuntime", _set(f"{NODE_POD}.containers.0.name", delete=True),
+         f"{JOBS}[0].template.spec.template.spec.containers[0].name: required field of "
+         "IoK8sApiCoreV1Container is missing"),
+        ("TrainJob", _set("apiVersion", "kubeflow.org/v1"), "apiVersion/kind: must be"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v else None,
+)  # fmt: skip
+def test_the_trainer_schema_check_names_the_path_of_what_is_wrong(kind, mutate, error):
+    body = trainer_manifests()[f"train, all pod settings: {kind}"]
+    assert trainjob_errors(body) == []
+    mutate(body)
+    errors = trainjob_errors(body)
+    assert any(e.startswith(error) or error in e for e in errors), errors
