@@ -152,18 +152,55 @@ class _Core:
                 items.append(pod)
         return SimpleNamespace(items=items)
 
-    def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
+    def read_namespaced_pod_log(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        timestamps: bool = False,
+        since_seconds: int | None = None,
+        follow: bool = False,
+        _preload_content: bool = True,
+    ) -> Any:
+        """``podman logs`` as the API's pod log: ``timestamps`` (RFC3339Nano prefixes),
+        ``since_seconds``, and ``follow`` with ``_preload_content=False`` (a response whose
+        ``stream()`` yields the bytes as the container writes them, until it exits)."""
+        args = ["podman", "logs", *(["--timestamps"] if timestamps else [])]
+        if since_seconds is not None:
+            args += ["--since", f"{int(since_seconds)}s"]
+        env = {**os.environ, **self.cluster.podman_env}
+        if follow:
+            assert _preload_content is False, "a followed log is read as a stream"
+            process = subprocess.Popen(
+                [*args, "--follow", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+            )
+            return _FollowedLog(process)
         # podman logs writes the container's stdout to stdout and its stderr to stderr
-        done = subprocess.run(
-            ["podman", "logs", name],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **self.cluster.podman_env},
-            timeout=120,
-        )
+        done = subprocess.run([*args, name], capture_output=True, text=True, env=env, timeout=120)
         if done.returncode != 0:
             raise ApiException(status=404, reason=done.stderr.strip())
         return done.stdout + done.stderr
+
+
+class _FollowedLog:
+    """``podman logs --follow`` as a streamed ``urllib3.HTTPResponse``."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
+        assert self.process.stdout is not None
+        while chunk := self.process.stdout.read1(65536):
+            yield chunk
+        self.process.wait()
+
+    def release_conn(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
 
 
 class PodmanCluster:

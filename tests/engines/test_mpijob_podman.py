@@ -233,6 +233,8 @@ def test_a_two_node_trainjob_trains_like_one_pod_with_two_ranks(
     assert f"[0]<stdout>:hva-rank rank=0 host={name}-node-0-0" in log
     assert f"[1]<stdout>:hva-rank rank=1 host={name}-node-0-1" in log
     assert f"submitted TrainJob hva/{name} (2 ranks)" in log
+    # the launcher pod's log, followed while the job ran and caught up at its end: each line once
+    assert log.count(f"[0]<stdout>:hva-rank rank=0 host={name}-node-0-0") == 1
     # ... and the allreduced results equal the one-pod MPIJob run's.
     assert multi["world_size"] == single["world_size"] == 2
     assert multi["val_samples"] == single["val_samples"] == TRAIN_ARGS["max_val_samples"]
