@@ -29,7 +29,8 @@ class MPIJobTrigger(BaseTrigger):
     Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "not_started" |
     "error", "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
     (mark failed or succeeded, clear), Airflow's triggerer calls :meth:`on_kill`, which deletes
-    the MPIJob and its Secret; a triggerer restart or hand-over leaves the job running.
+    the job (and a TrainJob's runtime) and its Secret; a triggerer restart or hand-over leaves
+    the job running.
     """
 
     def __init__(
@@ -115,7 +116,7 @@ class MPIJobTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
     async def on_kill(self) -> None:
-        """Delete the MPIJob (its pods go with it) and its Secret: the deferred counterpart of
+        """Delete the job (its pods go with it) and its Secret: the deferred counterpart of
         ``HorovodTrainOperator.on_kill``. Airflow (3.3+) calls it only on a user's action."""
         ref = {"name": self.name, "namespace": self.namespace}
         await asyncio.to_thread(self._launcher().delete, ref)
