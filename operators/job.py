@@ -18,7 +18,7 @@ from operators.command import Host, validate_env_name
 from operators.connection import AwsConnectionMixin
 from operators.exceptions import HorovodOperatorError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
-from operators.launchers.kubernetes import STARTUP_TIMEOUT_S, PodOptions
+from operators.launchers.kubernetes import STARTUP_TIMEOUT_S, PodOptions, flavour
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -170,6 +170,9 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     :param worker_resources / launcher_resources: kubernetes only: ``{"requests": {...}, "limits":
         {...}}`` of each worker container (GPUs are not set here: ``gpus_per_proc`` adds
         ``nvidia.com/gpu``) and of the launcher container (horovodrun only; no rank runs there).
+    :param kubernetes_api: kubernetes only: ``"mpijob"`` (default: a Kubeflow MPI Operator
+        MPIJob) or ``"trainjob"`` (a Kubeflow Trainer v2 TrainJob with its own
+        TrainingRuntime); the same pods and settings either way.
 
     A setting that only another launcher uses (a kubernetes setting with ``launcher="docker"``)
     is refused with ``ValueError`` naming it: at parse time, or after rendering when
@@ -215,6 +218,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         worker_resources: Mapping[str, Mapping[str, Any]] | None = None,
         launcher_resources: Mapping[str, Mapping[str, Any]] | None = None,
         startup_timeout: float | None = STARTUP_TIMEOUT_S,
+        kubernetes_api: str = "mpijob",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -276,6 +280,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                 f"got {startup_timeout!r}"
             )
         self.startup_timeout = startup_timeout
+        flavour(kubernetes_api)  # raises ValueError naming the allowed values
+        self.kubernetes_api = kubernetes_api
         self.pod_options()  # raises ValueError naming a bad kubernetes setting
         self._running: Launcher | None = None
         if not is_templated(launcher):
@@ -316,6 +322,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             kubernetes.append("deferrable")
         if self.startup_timeout != STARTUP_TIMEOUT_S:
             kubernetes.append("startup_timeout")
+        if self.kubernetes_api != "mpijob":
+            kubernetes.append("kubernetes_api")
         return {"kubernetes": kubernetes}
 
     def check_launcher_settings(self) -> None:
@@ -391,6 +399,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             cleanup=self.cleanup,
             pod_options=self.pod_options(),
             startup_timeout=self.startup_timeout,
+            kubernetes_api=self.kubernetes_api,
         )
 
     def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:
@@ -414,6 +423,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                         poll_interval=self.poll_interval,
                         timeout=spec.timeout,
                         startup_timeout=self.startup_timeout,
+                        kubernetes_api=self.kubernetes_api,
                     ),
                     method_name="execute_complete",
                     kwargs={"ref": ref},  # stored in the metadata DB: never secrets

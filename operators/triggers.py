@@ -16,7 +16,8 @@ from operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
 
 
 class MPIJobTrigger(BaseTrigger):
-    """Poll a Kubeflow MPIJob until it succeeds, fails or runs past ``timeout``.
+    """Poll a Kubeflow MPIJob (or, with ``kubernetes_api="trainjob"``, a Kubeflow Trainer
+    TrainJob) until it succeeds, fails or runs past ``timeout``.
 
     Transient API errors (HTTP 5xx, 429, no connection) are retried with exponential backoff
     (``api_backoff`` seconds, doubling, at most ``api_retries`` in a row); any other error
@@ -28,7 +29,8 @@ class MPIJobTrigger(BaseTrigger):
     Yields exactly one event: ``{"status": "success" | "failed" | "timeout" | "not_started" |
     "error", "message": ..., "name": ..., "namespace": ...}``. When a user kills the deferred task
     (mark failed or succeeded, clear), Airflow's triggerer calls :meth:`on_kill`, which deletes
-    the MPIJob and its Secret; a triggerer restart or hand-over leaves the job running.
+    the job (and a TrainJob's runtime) and its Secret; a triggerer restart or hand-over leaves
+    the job running.
     """
 
     def __init__(
@@ -43,8 +45,10 @@ class MPIJobTrigger(BaseTrigger):
         startup_timeout: float | None = None,
         api_retries: int = API_RETRIES,
         api_backoff: float = API_BACKOFF_S,
+        kubernetes_api: str = "mpijob",
     ) -> None:
         super().__init__()
+        self.kubernetes_api = kubernetes_api
         self.startup_timeout = startup_timeout
         self.api_retries = api_retries
         self.api_backoff = api_backoff
@@ -69,6 +73,7 @@ class MPIJobTrigger(BaseTrigger):
                 "startup_timeout": self.startup_timeout,
                 "api_retries": self.api_retries,
                 "api_backoff": self.api_backoff,
+                "kubernetes_api": self.kubernetes_api,
             },
         )
 
@@ -76,7 +81,10 @@ class MPIJobTrigger(BaseTrigger):
         from operators.launchers.kubernetes import KubernetesLauncher
 
         return KubernetesLauncher(
-            image="", kubernetes_conn_id=self.kubernetes_conn_id, namespace=self.namespace
+            image="",
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            namespace=self.namespace,
+            kubernetes_api=self.kubernetes_api,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -108,7 +116,7 @@ class MPIJobTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
     async def on_kill(self) -> None:
-        """Delete the MPIJob (its pods go with it) and its Secret: the deferred counterpart of
+        """Delete the job (its pods go with it) and its Secret: the deferred counterpart of
         ``HorovodTrainOperator.on_kill``. Airflow (3.3+) calls it only on a user's action."""
         ref = {"name": self.name, "namespace": self.namespace}
         await asyncio.to_thread(self._launcher().delete, ref)

@@ -15,8 +15,13 @@ the operator — by :class:`operators.triggers.MPIJobTrigger`, freeing the worke
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import math
+import re
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -58,6 +63,13 @@ SECRET_MOUNT = "/etc/hva-rank-env"
 SECRET_KEY = "rank.env"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+# Kubeflow Trainer v2 (kubernetes_api="trainjob"): a TrainJob and its own TrainingRuntime,
+# which Trainer turns into a JobSet (replicated jobs "node" and "launcher") that labels its pods.
+TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
+TRAINJOB_LAUNCHER, TRAINJOB_NODE = "launcher", "node"
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_ROLE_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 
 # The trainer image as an MPIJob pod: docker/trainer.Dockerfile installs sshd and
 # docker/trainer-sshd_config; tests/operators/test_kubernetes_launcher.py checks these values
@@ -237,7 +249,9 @@ class ApiRetry:
 
 def _pod_role(pod: Any) -> str:
     labels = getattr(getattr(pod, "metadata", None), "labels", None) or {}
-    return str(labels.get(JOB_ROLE_LABEL) or labels.get("role") or "")
+    return str(
+        labels.get(JOB_ROLE_LABEL) or labels.get(JOBSET_ROLE_LABEL) or labels.get("role") or ""
+    )
 
 
 def _pod_name(pod: Any) -> str:
@@ -264,14 +278,21 @@ def _why_pending(pod: Any) -> str:
 
 
 def pod_start_failure(
-    pods: Sequence[Any], name: str, *, elapsed: float, startup_timeout: float | None
+    pods: Sequence[Any],
+    name: str,
+    *,
+    elapsed: float,
+    startup_timeout: float | None,
+    kind: str = "MPIJob",
+    operator: str = "the MPI Operator",
 ) -> tuple[str | None, bool]:
-    """(why the MPIJob ``name`` cannot start, or None; whether it has started).
+    """(why the job (``kind``) ``name`` cannot start, or None; whether it has started).
 
-    It has started once its launcher pod left Pending (the MPI Operator creates the launcher
-    when every worker is ready). Before that, a container in a ``START_FAILURES`` state or a
-    pod that failed ends the job at once; a pod still Pending, or no pod at all, ends it after
-    ``startup_timeout`` seconds (None: never). The message names the pod and the reason.
+    It has started once its launcher pod left Pending (the MPI Operator, or JobSet's in-order
+    start-up, creates the launcher when every worker is ready). Before that, a container in a
+    ``START_FAILURES`` state or a pod that failed ends the job at once; a pod still Pending,
+    or no pod at all, ends it after ``startup_timeout`` seconds (None: never). The message
+    names the pod and the reason.
     """
     if any(_pod_role(p) == "launcher" and _pod_phase(p) != "Pending" for p in pods):
         return None, True
@@ -298,12 +319,12 @@ def pod_start_failure(
         return None, False
     late = f"after {elapsed:.0f}s (startup_timeout={startup_timeout:.0f}s)"
     if not pods:
-        return f"no pod of MPIJob {name} {late}: is the MPI Operator running?", False
+        return f"no pod of {kind} {name} {late}: is {operator} running?", False
     for pod in sorted(pods, key=_pod_name):
         if _pod_phase(pod) == "Pending":
             return f"pod {_pod_name(pod)} still Pending {late}: {_why_pending(pod)}", False
     workers = ", ".join(f"{_pod_name(p)} {_pod_phase(p)}" for p in sorted(pods, key=_pod_name))
-    return f"the launcher pod of MPIJob {name} was not created {late} (pods: {workers})", False
+    return f"the launcher pod of {kind} {name} was not created {late} (pods: {workers})", False
 
 
 def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -325,14 +346,20 @@ def mpijob_hosts(obj: Mapping[str, Any] | None) -> list[Host]:
     a failure can name the pod of the rank that failed first; [] when they cannot be read."""
     try:
         spec = (obj or {})["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-        command = list(spec["containers"][0]["command"])
-        hosts = []
-        for item in str(command[command.index("-H") + 1]).split(","):
-            name, _, slots = item.rpartition(":")
-            hosts.append(Host(name, int(slots)))
-        return hosts
+        return launcher_command_hosts(spec)
     except (KeyError, IndexError, TypeError, ValueError):
         return []
+
+
+def runtime_hosts(obj: Mapping[str, Any] | None) -> list[Host]:
+    """The ``-H`` hosts of a TrainingRuntime's launcher command; [] when unreadable."""
+    try:
+        for job in (obj or {})["spec"]["template"]["spec"]["replicatedJobs"]:
+            if job["name"] == TRAINJOB_LAUNCHER:
+                return launcher_command_hosts(job["template"]["spec"]["template"]["spec"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        pass
+    return []
 
 
 def secret_name(job: str) -> str:
@@ -345,25 +372,21 @@ def job_labels(spec: JobSpec) -> dict[str, str]:
     return {**spec.labels, JOB_LABEL: spec.name}
 
 
-def build_mpijob(
+def _pod_templates(
     spec: JobSpec,
     *,
     image: str,
-    namespace: str,
+    hosts: Sequence[Host],
     slots_per_worker: int,
-    pod_options: PodOptions | None = None,
-) -> dict[str, Any]:
-    """The MPIJob manifest for a horovodrun job. ``spec.argv`` is the program's command."""
-    if spec.num_proc % slots_per_worker:
-        raise ValueError(
-            f"num_proc={spec.num_proc} is not a multiple of slots_per_worker="
-            f"{slots_per_worker}: each MPIJob worker runs exactly slots_per_worker ranks"
-        )
-    workers = spec.num_proc // slots_per_worker
-    name = spec.name
-    hosts = [
-        Host(f"{name}-worker-{i}.{name}.{namespace}.svc", slots_per_worker) for i in range(workers)
-    ]
+    pod_options: PodOptions | None,
+    launcher_name: str,
+    worker_name: str,
+    restart_policy: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(launcher, worker) pod templates, the same for both flavours: the launcher runs
+    horovodrun over ssh (port 2222) to ``hosts``; a worker is the image's sshd as its user.
+    ``restart_policy`` goes into the pod spec (a JobSet's Jobs need it there; the MPIJob sets
+    it per replica)."""
     command = horovodrun_argv(
         spec.argv,
         num_proc=spec.num_proc,
@@ -379,12 +402,14 @@ def build_mpijob(
     if spec.secret_env:
         env.append({"name": RANK_ENV_FILE_VAR, "value": f"{SECRET_MOUNT}/{SECRET_KEY}"})
         volumes.append(
-            {"name": "rank-env", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}}
+            {
+                "name": "rank-env",
+                "secret": {"secretName": secret_name(spec.name), "defaultMode": 0o400},
+            }
         )
         mounts.append({"name": "rank-env", "mountPath": SECRET_MOUNT, "readOnly": True})
     gpus = spec.gpus_per_proc * slots_per_worker
     options = pod_options or PodOptions()
-
     labels = job_labels(spec)
 
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
@@ -393,18 +418,20 @@ def build_mpijob(
             "volumes": volumes,
             "securityContext": {"fsGroup": TRAINER_GID},
         }
+        if restart_policy:
+            pod_spec["restartPolicy"] = restart_policy
         options.apply(pod_spec, container)
         return {"metadata": {"labels": {**labels, "role": role}}, "spec": pod_spec}
 
     worker_container: dict[str, Any] = {
-        "name": "worker",
+        "name": worker_name,
         "image": image,
         "command": list(WORKER_COMMAND),
         "env": env,
         "volumeMounts": mounts,
-        # Ready once sshd listens: launcherCreationPolicy WaitForWorkersReady then starts the
-        # launcher only when horovodrun can reach every worker. Each probe is a connection sshd
-        # logs (-e: the pod log), hence every 5 s rather than more often.
+        # Ready once sshd listens: the launcher is started only when every worker is ready
+        # (MPIJob: launcherCreationPolicy WaitForWorkersReady; JobSet: startupPolicy InOrder).
+        # Each probe is a connection sshd logs (-e: the pod log), hence every 5 s.
         "readinessProbe": {"tcpSocket": {"port": WORKER_SSH_PORT}, "periodSeconds": 5},
     }
     worker_resources = {kind: dict(amounts) for kind, amounts in options.worker_resources.items()}
@@ -413,7 +440,7 @@ def build_mpijob(
     if worker_resources:
         worker_container["resources"] = worker_resources
     launcher_container: dict[str, Any] = {
-        "name": "launcher",
+        "name": launcher_name,
         "image": image,
         "command": command,
         "env": env,
@@ -423,6 +450,41 @@ def build_mpijob(
         launcher_container["resources"] = {
             kind: dict(amounts) for kind, amounts in options.launcher_resources.items()
         }
+    return pod("launcher", launcher_container), pod("worker", worker_container)
+
+
+def _workers(spec: JobSpec, slots_per_worker: int, kind: str) -> int:
+    if spec.num_proc % slots_per_worker:
+        raise ValueError(
+            f"num_proc={spec.num_proc} is not a multiple of slots_per_worker="
+            f"{slots_per_worker}: each {kind} worker runs exactly slots_per_worker ranks"
+        )
+    return spec.num_proc // slots_per_worker
+
+
+def build_mpijob(
+    spec: JobSpec,
+    *,
+    image: str,
+    namespace: str,
+    slots_per_worker: int,
+    pod_options: PodOptions | None = None,
+) -> dict[str, Any]:
+    """The MPIJob manifest for a horovodrun job. ``spec.argv`` is the program's command."""
+    workers = _workers(spec, slots_per_worker, "MPIJob")
+    name = spec.name
+    hosts = [
+        Host(f"{name}-worker-{i}.{name}.{namespace}.svc", slots_per_worker) for i in range(workers)
+    ]
+    launcher_pod, worker_pod = _pod_templates(
+        spec,
+        image=image,
+        hosts=hosts,
+        slots_per_worker=slots_per_worker,
+        pod_options=pod_options,
+        launcher_name="launcher",
+        worker_name="worker",
+    )
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": 0}
     if spec.timeout:
         run_policy["activeDeadlineSeconds"] = int(spec.timeout)
@@ -432,7 +494,7 @@ def build_mpijob(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": labels,
+            "labels": job_labels(spec),
         },
         "spec": {
             "slotsPerWorker": slots_per_worker,
@@ -440,23 +502,385 @@ def build_mpijob(
             "runPolicy": run_policy,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {
-                "Launcher": {
-                    "replicas": 1,
-                    "restartPolicy": "Never",
-                    "template": pod("launcher", launcher_container),
-                },
-                "Worker": {
-                    "replicas": workers,
-                    "restartPolicy": "Never",
-                    "template": pod("worker", worker_container),
-                },
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher_pod},
+                "Worker": {"replicas": workers, "restartPolicy": "Never", "template": worker_pod},
             },
         },
     }
 
 
+def trainjob_hosts_names(name: str, namespace: str, workers: int) -> list[str]:
+    """The node pods' DNS names: JobSet names pod ``i`` of the first (only) Job of replicated
+    job ``node`` ``<jobset>-node-0-<i>`` and puts it in the headless Service ``<jobset>``
+    (the JobSet, and so the Service, is named after the TrainJob)."""
+    return [f"{name}-{TRAINJOB_NODE}-0-{i}.{name}.{namespace}.svc" for i in range(workers)]
+
+
+def build_trainjob(
+    spec: JobSpec,
+    *,
+    image: str,
+    namespace: str,
+    slots_per_worker: int,
+    pod_options: PodOptions | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(TrainingRuntime, TrainJob) of Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``)
+    for a horovodrun job: the same pods as :func:`build_mpijob`'s.
+
+    The runtime is the job's own (same name, same namespace; the launcher makes the TrainJob
+    own it once created): its ``mlPolicy.mpi`` has Trainer's MPI plugin make the ssh key pair
+    (mounted at ``sshAuthMountPath``) and ``/etc/mpi/hostfile``; its JobSet template has a
+    ``node`` replicated job (the sshd workers, ``numNodes`` pods) started before the
+    ``launcher`` one (``startupPolicyOrder: InOrder``: each waits until the one before is
+    ready), and the JobSet succeeds when the launcher does.
+    """
+    workers = _workers(spec, slots_per_worker, "TrainJob")
+    name = spec.name
+    hosts = [Host(h, slots_per_worker) for h in trainjob_hosts_names(name, namespace, workers)]
+    launcher_pod, worker_pod = _pod_templates(
+        spec,
+        image=image,
+        hosts=hosts,
+        slots_per_worker=slots_per_worker,
+        pod_options=pod_options,
+        launcher_name=TRAINJOB_LAUNCHER,
+        worker_name=TRAINJOB_NODE,
+        restart_policy="Never",
+    )
+    labels = job_labels(spec)
+    runtime = {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "mlPolicy": {
+                "numNodes": workers,
+                "mpi": {
+                    "mpiImplementation": "OpenMPI",
+                    "numProcPerNode": slots_per_worker,
+                    "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
+                    "runLauncherAsNode": False,
+                },
+            },
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "startupPolicy": {"startupPolicyOrder": "InOrder"},
+                    "successPolicy": {
+                        "operator": "All",
+                        "targetReplicatedJobs": [TRAINJOB_LAUNCHER],
+                    },
+                    "failurePolicy": {"maxRestarts": 0},
+                    "replicatedJobs": [
+                        {
+                            "name": TRAINJOB_NODE,
+                            "replicas": 1,
+                            "template": {
+                                "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                                "spec": {
+                                    "parallelism": workers,
+                                    "completions": workers,
+                                    "backoffLimit": 0,
+                                    "template": worker_pod,
+                                },
+                            },
+                        },
+                        {
+                            "name": TRAINJOB_LAUNCHER,
+                            "replicas": 1,
+                            "template": {
+                                "spec": {
+                                    "parallelism": 1,
+                                    "completions": 1,
+                                    "backoffLimit": 0,
+                                    "template": launcher_pod,
+                                }
+                            },
+                        },
+                    ],
+                },
+            },
+        },
+    }
+    trainjob_spec: dict[str, Any] = {
+        "runtimeRef": {
+            "apiGroup": TRAINER_GROUP,
+            "kind": "TrainingRuntime",
+            "name": name,
+        },
+        "trainer": {"numNodes": workers},
+    }
+    if spec.timeout:
+        trainjob_spec["activeDeadlineSeconds"] = int(spec.timeout)
+    trainjob = {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": trainjob_spec,
+    }
+    return runtime, trainjob
+
+
+def trainjob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from a TrainJob's conditions
+    (``Complete`` or ``Failed`` with status True ends it)."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    for cond in conditions:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            return "succeeded", str(cond.get("message") or "")
+        if cond.get("type") == "Failed":
+            reason = cond.get("reason") or ""
+            return "failed", f"{reason}: {cond.get('message') or ''}".strip(": ")
+    return "running", ""
+
+
+def launcher_command_hosts(pod_spec: Mapping[str, Any]) -> list[Host]:
+    """The ``-H`` hosts of a launcher pod spec's horovodrun command."""
+    command = list(pod_spec["containers"][0]["command"])
+    hosts = []
+    for item in str(command[command.index("-H") + 1]).split(","):
+        name, _, slots = item.rpartition(":")
+        hosts.append(Host(name, int(slots)))
+    return hosts
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A custom resource type the launcher creates."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def args(self) -> dict[str, str]:
+        return {"group": self.group, "version": self.version, "plural": self.plural}
+
+
+MPIJOB = Resource(GROUP, VERSION, PLURAL, "MPIJob")
+TRAINJOB = Resource(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", "TrainJob")
+TRAINING_RUNTIME = Resource(TRAINER_GROUP, TRAINER_VERSION, "trainingruntimes", "TrainingRuntime")
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """What differs between the MPIJob and the TrainJob: the job's resource, the objects made
+    with it (a TrainJob's own TrainingRuntime), how its pods are labelled, its state."""
+
+    api: str  # the operator's kubernetes_api value
+    job: Resource
+    dependents: tuple[Resource, ...]  # created before the job, owned by it, named like it
+    operator: str  # who turns the job into pods, for "is ... running?"
+    pod_name_label: str  # the label naming the job on its pods
+    pod_role_label: str  # the label naming the pod's role ...
+    launcher_role: str  # ... and its value on the launcher pod
+
+    def pod_selector(self, name: str) -> str:
+        return f"{self.pod_name_label}={name}"
+
+    def launcher_selector(self, name: str) -> str:
+        return f"{self.pod_selector(name)},{self.pod_role_label}={self.launcher_role}"
+
+    def phase(self, obj: Mapping[str, Any] | None) -> tuple[str, str]:
+        return trainjob_phase(obj) if self.job is TRAINJOB else mpijob_phase(obj)
+
+
+FLAVOURS = {
+    "mpijob": Flavour(
+        "mpijob", MPIJOB, (), "the MPI Operator", JOB_NAME_LABEL, JOB_ROLE_LABEL, "launcher"
+    ),
+    "trainjob": Flavour(
+        "trainjob",
+        TRAINJOB,
+        (TRAINING_RUNTIME,),
+        "Kubeflow Trainer (and JobSet)",
+        JOBSET_NAME_LABEL,
+        JOBSET_ROLE_LABEL,
+        TRAINJOB_LAUNCHER,
+    ),
+}
+KUBERNETES_APIS = tuple(FLAVOURS)
+
+
+def flavour(api: str) -> Flavour:
+    """The flavour named ``api`` (the operator's ``kubernetes_api``), or ValueError."""
+    if api not in FLAVOURS:
+        raise ValueError(
+            f"kubernetes_api must be one of {', '.join(repr(a) for a in KUBERNETES_APIS)} "
+            f"(Kubeflow MPI Operator MPIJob, or Kubeflow Trainer v2 TrainJob), got {api!r}"
+        )
+    return FLAVOURS[api]
+
+
+# --- following the launcher pod's log -----------------------------------------------------
+# After a follow stream ends while the launcher still runs (the API server or the kubelet cut
+# it), the next one starts this many seconds earlier than the last line seen: clock skew and
+# since_seconds' whole seconds may not lose a line; the overlap is dropped by timestamp.
+LOG_OVERLAP_S = 5
+LOG_DRAIN_S = 30.0  # how long the end of the job waits for the follow stream to end
+_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)?$")
+
+
+def log_timestamp(text: str) -> tuple[datetime.datetime, int] | None:
+    """(UTC time to the second, nanoseconds) of an RFC3339(Nano) timestamp, or None."""
+    found = _TIMESTAMP.match(text)
+    if not found:
+        return None
+    zone = found.group(3) or "Z"
+    when = datetime.datetime.fromisoformat(
+        found.group(1) + ("+00:00" if zone == "Z" else zone)
+    ).astimezone(datetime.UTC)
+    return when, int((found.group(2) or "0").ljust(9, "0"))
+
+
+class LauncherLog:
+    """The launcher pod's log, into ``out`` line by line, each line once.
+
+    :meth:`follow` (in a thread, while the job runs) reads it as the provider's PodManager does:
+    ``follow=True, timestamps=True`` from the pod's start; when the stream ends while the pod
+    still runs (a cut connection), it reconnects with ``since_seconds`` reaching back a little
+    before the last line seen, and drops what it has already emitted by comparing the lines'
+    timestamps (the same timestamp may carry several lines: as many as were emitted with it
+    are skipped). :meth:`catch_up` reads what is left (or all of it when nothing was followed)
+    without following, once the job has ended.
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        namespace: str,
+        selector: str,
+        out: Callable[[str], None],
+        *,
+        warn: Callable[..., Any],
+        poll_interval: float = 2.0,
+    ) -> None:
+        self.core, self.namespace, self.selector = core, namespace, selector
+        self.out, self.warn, self.poll_interval = out, warn, poll_interval
+        self.last: tuple[datetime.datetime, int] | None = None  # timestamp of the last line
+        self.at_last = 0  # lines emitted with that timestamp
+        self._skip = 0  # lines with that timestamp still to drop after a reconnect
+        self.pod: str | None = None
+        self._done = threading.Event()  # the job ended: stop once the stream ends
+        self._response: Any = None
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    # the pod ----------------------------------------------------------------------------
+    def _launcher_pod(self) -> tuple[str, str] | None:
+        pods = self.core.list_namespaced_pod(namespace=self.namespace, label_selector=self.selector)
+        for pod in getattr(pods, "items", None) or []:
+            return _pod_name(pod), _pod_phase(pod)
+        return None
+
+    # lines ------------------------------------------------------------------------------
+    def _line(self, raw: str) -> None:
+        stamp, _, text = raw.partition(" ")
+        when = log_timestamp(stamp)
+        if when is None:  # not timestamped (never from the API with timestamps=True)
+            self.out(raw)
+            return
+        if self.last is not None:
+            if when < self.last:
+                return
+            if when == self.last and self._skip:
+                self._skip -= 1
+                return
+        if when == self.last:
+            self.at_last += 1
+        else:
+            self.last, self.at_last, self._skip = when, 1, 0
+        self.out(text)
+
+    def _since(self) -> dict[str, Any]:
+        """Where a new read starts: from the pod's start, or a little before the last line."""
+        if self.last is None:
+            return {}
+        self._skip = self.at_last
+        ago = (datetime.datetime.now(datetime.UTC) - self.last[0]).total_seconds()
+        return {"since_seconds": max(1, math.ceil(ago) + LOG_OVERLAP_S)}
+
+    def _read(self, pod: str, *, follow: bool) -> None:
+        kwargs = {"name": pod, "namespace": self.namespace, "timestamps": True, **self._since()}
+        if not follow:
+            text = self.core.read_namespaced_pod_log(**kwargs)
+            for raw in str(text or "").splitlines():
+                self._line(raw)
+            return
+        response = self.core.read_namespaced_pod_log(**kwargs, follow=True, _preload_content=False)
+        self._response = response
+        pending = b""
+        try:
+            for chunk in response.stream(amt=None, decode_content=True):
+                pending += chunk if isinstance(chunk, bytes) else str(chunk).encode()
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._line(line.decode("utf-8", "replace").rstrip("\r"))
+            if pending:
+                self._line(pending.decode("utf-8", "replace").rstrip("\r"))
+        finally:
+            self._response = None
+            for close in ("release_conn", "close"):
+                with contextlib.suppress(Exception):
+                    getattr(response, close)()
+
+    # while the job runs -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.follow, name="launcher-log", daemon=True)
+        self._thread.start()
+
+    def follow(self) -> None:
+        """Until the job has ended and the launcher pod's stream with it."""
+        while True:
+            try:
+                found = self._launcher_pod()
+                if found is not None and found[1] != "Pending":
+                    self.pod = found[0]
+                    self._read(self.pod, follow=True)
+                    if self._done.is_set() or self._launcher_pod() in (
+                        (self.pod, "Succeeded"),
+                        (self.pod, "Failed"),
+                    ):
+                        return  # the container ended: its whole log was read
+            except Exception as e:  # the end of the job reads what is missing
+                if not self._warned:
+                    self._warned = True
+                    self.warn("following the launcher pod's log: %s (retrying)", e)
+            if self._done.wait(self.poll_interval):
+                return
+
+    def stop(self, timeout: float | None = None) -> None:
+        """The job has ended: let the stream end (its pod has; within ``timeout`` seconds,
+        default ``LOG_DRAIN_S``), then stop following."""
+        self._done.set()
+        if self._thread is None:
+            return
+        self._thread.join(LOG_DRAIN_S if timeout is None else timeout)
+        if self._thread.is_alive():  # a stream that does not end: cut it
+            response = self._response
+            if response is not None:
+                with contextlib.suppress(Exception):
+                    response.close()
+            self._thread.join(5.0)
+
+    def catch_up(self) -> None:
+        """Read what following did not (all of it when nothing was followed)."""
+        found = self._launcher_pod()
+        if found is None:
+            return
+        self.pod = found[0]
+        self._read(self.pod, follow=False)
+
+
 class KubernetesLauncher(Launcher):
-    """Submit an MPIJob, wait (poll or defer), surface the launcher log, clean up."""
+    """Submit an MPIJob or a TrainJob (``kubernetes_api``), wait (poll or defer), surface the
+    launcher log, clean up."""
 
     name = "kubernetes"
 
@@ -471,8 +895,10 @@ class KubernetesLauncher(Launcher):
         cleanup: str = "delete_on_success",
         pod_options: PodOptions | None = None,
         startup_timeout: float | None = STARTUP_TIMEOUT_S,
+        kubernetes_api: str = "mpijob",
         hook: Any | None = None,
     ) -> None:
+        self.flavour = flavour(kubernetes_api)
         self.startup_timeout = startup_timeout
         self._started = False  # the job's launcher pod has left Pending
         self.image = image
@@ -495,17 +921,29 @@ class KubernetesLauncher(Launcher):
     def namespace(self) -> str:
         return self._namespace or self.hook.get_namespace() or "default"
 
-    def manifest(self, spec: JobSpec) -> dict[str, Any]:
-        """The MPIJob; a one-process job (``spec.distributed`` False, e.g. the export) runs as
-        one rank on one worker pod, whatever ``slots_per_worker`` the training uses."""
+    @property
+    def kind(self) -> str:
+        return self.flavour.job.kind
+
+    def manifests(self, spec: JobSpec) -> list[dict[str, Any]]:
+        """What the job is made of, in creation order, the job last: the MPIJob, or the
+        TrainJob's TrainingRuntime and the TrainJob. A one-process job (``spec.distributed``
+        False, e.g. the export) runs as one rank on one worker pod, whatever
+        ``slots_per_worker`` the training uses."""
         slots = self.slots_per_worker if spec.distributed else 1
-        return build_mpijob(
+        build = build_trainjob if self.flavour.job is TRAINJOB else build_mpijob
+        made = build(
             spec,
             image=self.image,
             namespace=self.namespace,
             slots_per_worker=slots,
             pod_options=self.pod_options,
         )
+        return list(made) if isinstance(made, tuple) else [made]
+
+    def manifest(self, spec: JobSpec) -> dict[str, Any]:
+        """The job's own manifest (MPIJob or TrainJob)."""
+        return self.manifests(spec)[-1]
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:
         """Start the job of this task instance, or re-attach to the one an earlier try left
@@ -520,15 +958,17 @@ class KubernetesLauncher(Launcher):
 
         ns = self.namespace
         ref = {"name": spec.name, "namespace": ns}
+        kind = self.kind
         existing = self.find(ref)
         if existing is not None:
-            phase, message = mpijob_phase(existing)
+            phase, message = self.flavour.phase(existing)
             meta = existing.get("metadata") or {}
             made_by = f"try {(meta.get('labels') or {}).get('try_number', '?')}"
             if phase == "running" and not meta.get("deletionTimestamp"):
                 log.info(
-                    "MPIJob %s/%s of this task instance (made by %s) is still running: "
+                    "%s %s/%s of this task instance (made by %s) is still running: "
                     "re-attaching to it instead of starting a second one",
+                    kind,
                     ns,
                     spec.name,
                     made_by,
@@ -536,7 +976,8 @@ class KubernetesLauncher(Launcher):
                 self._ref = ref
                 return dict(ref)
             log.info(
-                "deleting MPIJob %s/%s (made by %s, %s%s) before starting this try",
+                "deleting %s %s/%s (made by %s, %s%s) before starting this try",
+                kind,
                 ns,
                 spec.name,
                 made_by,
@@ -545,52 +986,98 @@ class KubernetesLauncher(Launcher):
             )
             self.delete(ref)
             self.wait_until_gone(ref)
-        body = self.manifest(spec)
+        *dependents, body = self.manifests(spec)
         if spec.secret_env:
             self.create_secret(spec, ns)
         try:
+            for resource, dependent in zip(self.flavour.dependents, dependents, strict=True):
+                self.create_dependent(resource, dependent, ns)
             created = self.hook.create_custom_object(
-                group=GROUP, version=VERSION, plural=PLURAL, body=body, namespace=ns
+                **self.flavour.job.args(), body=body, namespace=ns
             )
         except ApiException as e:
             if e.status == 409:  # made between the look-up and the create: the same instance's
                 log.warning(
-                    "MPIJob %s/%s appeared while this try created it: re-attaching to it",
+                    "%s %s/%s appeared while this try created it: re-attaching to it",
+                    kind,
                     ns,
                     spec.name,
                 )
                 self._ref = ref
                 return dict(ref)
-            self.abandon_secret(spec, ns, log)
-            raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
+            self.abandon(spec, ns, log)
+            raise HorovodLaunchError(f"cannot create {kind} {spec.name!r} in {ns!r}: {e}") from e
         except Exception as e:
-            self.abandon_secret(spec, ns, log)
-            raise HorovodLaunchError(f"cannot create MPIJob {spec.name!r} in {ns!r}: {e}") from e
+            self.abandon(spec, ns, log)
+            raise HorovodLaunchError(f"cannot create {kind} {spec.name!r} in {ns!r}: {e}") from e
         self._ref = ref
         uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
-        if spec.secret_env and uid:
-            # The Secret dies with the MPIJob (Kubernetes garbage collection).
+        if uid:
+            self.own(spec, ns, uid, log)
+        log.info("submitted %s %s/%s (%d ranks)", kind, ns, spec.name, spec.num_proc)
+        return dict(ref)
+
+    def create_dependent(self, resource: Resource, body: dict[str, Any], namespace: str) -> None:
+        """Create an object the job needs first (its TrainingRuntime). One of this name is left
+        from an earlier try whose job is gone: it is replaced (the job is deterministic, but
+        the image or the command may have changed since)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.hook.create_custom_object(**resource.args(), body=body, namespace=namespace)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            self.delete_dependent(
+                resource, {"name": body["metadata"]["name"], "namespace": namespace}
+            )
+            self.hook.create_custom_object(**resource.args(), body=body, namespace=namespace)
+
+    def own(self, spec: JobSpec, namespace: str, uid: str, log: Any) -> None:
+        """Make the job own its Secret and its dependents: they die with it (Kubernetes garbage
+        collection), whatever deletes it."""
+        owner = {
+            "metadata": {
+                "ownerReferences": [
+                    {
+                        "apiVersion": self.flavour.job.api_version,
+                        "kind": self.kind,
+                        "name": spec.name,
+                        "uid": uid,
+                    }
+                ]
+            }
+        }
+        if spec.secret_env:
             try:
                 self.hook.core_v1_client.patch_namespaced_secret(
-                    name=secret_name(spec.name),
-                    namespace=ns,
-                    body={
-                        "metadata": {
-                            "ownerReferences": [
-                                {
-                                    "apiVersion": f"{GROUP}/{VERSION}",
-                                    "kind": "MPIJob",
-                                    "name": spec.name,
-                                    "uid": uid,
-                                }
-                            ]
-                        }
-                    },
+                    name=secret_name(spec.name), namespace=namespace, body=owner
                 )
             except Exception as e:
-                log.warning("could not make the MPIJob own its Secret: %s", e)
-        log.info("submitted MPIJob %s/%s (%d ranks)", ns, spec.name, spec.num_proc)
-        return dict(ref)
+                log.warning("could not make the %s own its Secret: %s", self.kind, e)
+        for resource in self.flavour.dependents:
+            try:
+                self.hook.custom_object_client.patch_namespaced_custom_object(
+                    **resource.args(), name=spec.name, namespace=namespace, body=owner
+                )
+            except Exception as e:
+                log.warning("could not make the %s own its %s: %s", self.kind, resource.kind, e)
+
+    def abandon(self, spec: JobSpec, namespace: str, log: Any) -> None:
+        """After a failed create: nothing of the job may stay without it."""
+        ref = {"name": spec.name, "namespace": namespace}
+        for resource in self.flavour.dependents:
+            try:
+                self.delete_dependent(resource, ref)
+            except Exception as cleanup_error:
+                log.warning(
+                    "could not delete %s %s/%s after the failed create: %s",
+                    resource.kind,
+                    namespace,
+                    spec.name,
+                    cleanup_error,
+                )
+        self.abandon_secret(spec, namespace, log)
 
     def create_secret(self, spec: JobSpec, namespace: str) -> None:
         """Create the job's credential Secret; one left from an earlier try gets this try's
@@ -642,47 +1129,48 @@ class KubernetesLauncher(Launcher):
                 cleanup_error,
             )
 
-    def find(self, ref: Mapping[str, str]) -> dict[str, Any] | None:
-        """The MPIJob named ``ref``, or None when there is none."""
+    def find(
+        self, ref: Mapping[str, str], resource: Resource | None = None
+    ) -> dict[str, Any] | None:
+        """The job (or the ``resource``) named ``ref``, or None when there is none."""
         from kubernetes.client.exceptions import ApiException
 
+        resource = resource or self.flavour.job
         try:
             obj = self.hook.get_custom_object(
-                group=GROUP,
-                version=VERSION,
-                plural=PLURAL,
-                name=ref["name"],
-                namespace=ref["namespace"],
+                **resource.args(), name=ref["name"], namespace=ref["namespace"]
             )
         except ApiException as e:
             if e.status == 404:
                 return None
             raise HorovodLaunchError(
-                f"cannot look up MPIJob {ref['namespace']}/{ref['name']}: {e}"
+                f"cannot look up {resource.kind} {ref['namespace']}/{ref['name']}: {e}"
             ) from e
         return dict(obj or {})
 
+    def hosts(self, ref: Mapping[str, str]) -> list[Host]:
+        """The ``-H`` hosts of the job's launcher command (to name a failed rank's pod)."""
+        if self.flavour.job is TRAINJOB:
+            return runtime_hosts(self.find(ref, TRAINING_RUNTIME))
+        return mpijob_hosts(self.find(ref))
+
     def wait_until_gone(self, ref: Mapping[str, str], timeout: float | None = None) -> None:
-        """Wait for a deleted MPIJob to be gone (foreground deletion removes its pods first)."""
+        """Wait for a deleted job to be gone (foreground deletion removes its pods first)."""
         timeout = DELETE_WAIT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while self.find(ref) is not None:
             if time.monotonic() > deadline:
                 raise HorovodLaunchError(
-                    f"MPIJob {ref['namespace']}/{ref['name']} of an earlier try is still being "
-                    f"deleted after {timeout:.0f}s; this try does not start a second job"
+                    f"{self.kind} {ref['namespace']}/{ref['name']} of an earlier try is still "
+                    f"being deleted after {timeout:.0f}s; this try does not start a second job"
                 )
             time.sleep(min(self.poll_interval, 5.0))
 
     def status(self, ref: Mapping[str, str]) -> tuple[str, str]:
         obj = self.hook.get_custom_object(
-            group=GROUP,
-            version=VERSION,
-            plural=PLURAL,
-            name=ref["name"],
-            namespace=ref["namespace"],
+            **self.flavour.job.args(), name=ref["name"], namespace=ref["namespace"]
         )
-        return mpijob_phase(obj)
+        return self.flavour.phase(obj)
 
     def poll(
         self,
@@ -710,13 +1198,15 @@ class KubernetesLauncher(Launcher):
             }
         if not self._started:  # until the launcher pod runs: fail fast on start failures
             pods = self.hook.core_v1_client.list_namespaced_pod(
-                namespace=ref["namespace"], label_selector=f"{JOB_NAME_LABEL}={ref['name']}"
+                namespace=ref["namespace"], label_selector=self.flavour.pod_selector(ref["name"])
             )
             failure, self._started = pod_start_failure(
                 getattr(pods, "items", None) or [],
                 ref["name"],
                 elapsed=time.time() - started_at,
                 startup_timeout=startup_timeout,
+                kind=self.kind,
+                operator=self.flavour.operator,
             )
             if failure:
                 return {"status": "not_started", "message": failure, **ref}
@@ -724,11 +1214,31 @@ class KubernetesLauncher(Launcher):
 
     def run(self, spec: JobSpec, log: Any) -> JobResult:
         ref = self.submit(spec, log)
+        out = LogTail(log, secrets=list(spec.secret_env.values()))
+        follower = self.launcher_log(ref, out, log)
+        follower.start()  # the launcher pod's lines reach the task log as they come
+        try:
+            event = self._wait(spec, ref, log)
+        except BaseException:
+            follower.stop(timeout=1.0)
+            raise
+        return self.finish(
+            ref,
+            event,
+            log,
+            secrets=list(spec.secret_env.values()),
+            timeout=spec.timeout,
+            out=out,
+            follower=follower,
+        )
+
+    def _wait(self, spec: JobSpec, ref: Mapping[str, str], log: Any) -> dict[str, Any]:
+        """Poll until the job ends; the event that ends it."""
         started_at = time.time()
         retry = ApiRetry()
         while True:
             if self._ref is None:
-                raise HorovodTrainingError(f"MPIJob {ref['name']!r} was deleted (on_kill)")
+                raise HorovodTrainingError(f"{self.kind} {ref['name']!r} was deleted (on_kill)")
             try:
                 event = self.poll(
                     ref,
@@ -739,31 +1249,28 @@ class KubernetesLauncher(Launcher):
             except Exception as e:
                 delay = retry.delay(e)
                 if delay is None:
-                    event = {"status": "error", "message": retry.describe(e), **ref}
-                    break
+                    return {"status": "error", "message": retry.describe(e), **ref}
                 log.warning("Kubernetes API error, next look in %.0fs: %s", delay, e)
                 time.sleep(delay)
                 continue
             retry.reset()
             if event is not None:
-                break
+                return event
             time.sleep(self.poll_interval)
-        return self.finish(
-            ref, event, log, secrets=list(spec.secret_env.values()), timeout=spec.timeout
-        )
 
-    def launcher_log(self, ref: Mapping[str, str]) -> list[str]:
-        """The launcher pod's log (horovodrun's rank-prefixed output of every rank)."""
-        core = self.hook.core_v1_client
-        pods = core.list_namespaced_pod(
-            namespace=ref["namespace"],
-            label_selector=f"{JOB_NAME_LABEL}={ref['name']},{JOB_ROLE_LABEL}=launcher",
+    def launcher_log(
+        self, ref: Mapping[str, str], out: Callable[[str], None], log: Any
+    ) -> LauncherLog:
+        """The reader of the launcher pod's log (horovodrun's rank-prefixed output of every
+        rank) into ``out``."""
+        return LauncherLog(
+            self.hook.core_v1_client,
+            ref["namespace"],
+            self.flavour.launcher_selector(ref["name"]),
+            out,
+            warn=log.warning,
+            poll_interval=min(self.poll_interval, 5.0),
         )
-        lines: list[str] = []
-        for pod in getattr(pods, "items", []) or []:
-            text = core.read_namespaced_pod_log(name=pod.metadata.name, namespace=ref["namespace"])
-            lines += str(text).splitlines()
-        return lines
 
     def finish(
         self,
@@ -773,12 +1280,17 @@ class KubernetesLauncher(Launcher):
         *,
         secrets: Sequence[str] = (),
         timeout: float | None = None,
+        out: LogTail | None = None,
+        follower: LauncherLog | None = None,
     ) -> JobResult:
-        """Surface the launcher log, apply the cleanup policy, raise unless it succeeded."""
-        out = LogTail(log, secrets=secrets)
+        """Surface the rest of the launcher log (all of it when it was not followed, as after
+        a deferral: nothing follows it while the task is deferred), apply the cleanup policy,
+        raise unless it succeeded."""
+        out = out or LogTail(log, secrets=secrets)
+        reader = follower or self.launcher_log(ref, out, log)
         try:
-            for line in self.launcher_log(ref):
-                out(line)
+            reader.stop()  # the job has ended: its launcher's stream ends too
+            reader.catch_up()
         except Exception as e:
             log.warning("could not read the launcher pod log of %s: %s", ref["name"], e)
         status = event.get("status")
@@ -786,9 +1298,11 @@ class KubernetesLauncher(Launcher):
         hosts: list[Host] = []
         if not success:  # before any deletion: the job's -H list names the failed rank's pod
             try:
-                hosts = mpijob_hosts(self.find(ref))
+                hosts = self.hosts(ref)
             except Exception as e:
-                log.warning("could not read MPIJob %s to name the failed pod: %s", ref["name"], e)
+                log.warning(
+                    "could not read %s %s to name the failed pod: %s", self.kind, ref["name"], e
+                )
         # A job that never started or ran out of time may still be running: whatever cleanup
         # says, it goes, or the retry would re-attach to it (the provider deletes too).
         stuck = status in ("not_started", "timeout")
@@ -798,7 +1312,8 @@ class KubernetesLauncher(Launcher):
             # Its state is unknown (the API did not answer): it may still be running and
             # reading its Secret. Both stay; a retry re-attaches to it or replaces it.
             log.warning(
-                "kept MPIJob %s/%s and its Secret: the API did not say whether it still runs",
+                "kept %s %s/%s and its Secret: the API did not say whether it still runs",
+                self.kind,
                 ref["namespace"],
                 ref["name"],
             )
@@ -813,43 +1328,46 @@ class KubernetesLauncher(Launcher):
             return JobResult(exit_code=0, log_tail=out.tail())
         if status == "not_started":
             raise HorovodLaunchError(
-                f"MPIJob {ref['namespace']}/{ref['name']} did not start (deleted): "
+                f"{self.kind} {ref['namespace']}/{ref['name']} did not start (deleted): "
                 f"{event.get('message')}",
                 log_tail=out.tail(),
             )
         if status == "timeout":
             raise HorovodTimeoutError(
-                f"MPIJob {ref['name']!r} did not finish in time: {event.get('message')}",
+                f"{self.kind} {ref['name']!r} did not finish in time: {event.get('message')}",
                 timeout=float(timeout or event.get("timeout") or 0),
                 log_tail=out.tail(),
             )
         message = describe_failure(ref["name"], 1, out.tail(), hosts)
         raise HorovodTrainingError(
-            f"MPIJob {ref['namespace']}/{ref['name']} {status}: {event.get('message')}; {message}",
+            f"{self.kind} {ref['namespace']}/{ref['name']} {status}: {event.get('message')}; "
+            f"{message}",
             exit_code=None,
             log_tail=out.tail(),
         )
 
     def delete(self, ref: Mapping[str, str]) -> None:
-        """Delete the MPIJob (its pods go with it) and its Secret; absent ones are fine."""
-        from kubernetes.client.exceptions import ApiException
+        """Delete the job (its pods go with it), its dependents and its Secret; absent ones
+        are fine."""
+        self.delete_dependent(self.flavour.job, ref)
+        for resource in self.flavour.dependents:
+            self.delete_dependent(resource, ref)
+        self.delete_secret(ref)
 
-        def absent(e: ApiException) -> bool:
-            return e.status == 404
+    def delete_dependent(self, resource: Resource, ref: Mapping[str, str]) -> None:
+        """Delete one object (foreground: its own dependents first); an absent one is fine."""
+        from kubernetes.client.exceptions import ApiException
 
         try:
             self.hook.delete_custom_object(
-                group=GROUP,
-                version=VERSION,
-                plural=PLURAL,
+                **resource.args(),
                 name=ref["name"],
                 namespace=ref["namespace"],
                 propagation_policy="Foreground",
             )
         except ApiException as e:
-            if not absent(e):
+            if e.status != 404:
                 raise
-        self.delete_secret(ref)
 
     def delete_secret(self, ref: Mapping[str, str]) -> None:
         """Delete the job's credential Secret; an absent one is fine."""

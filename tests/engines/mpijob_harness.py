@@ -26,6 +26,22 @@ launcher imports it). On ``create_custom_object`` it plays the operator:
 The job's state is its launcher's: running, Succeeded (exit 0) or Failed; once the launcher
 has ended, the still running workers are removed (``cleanPodPolicy: Running``). Pod specs use
 only what the launcher's manifests use; anything else fails loudly rather than being ignored.
+
+It also plays Kubeflow Trainer v2 and JobSet for ``kubernetes_api="trainjob"``: a
+``TrainingRuntime`` is stored as created; a ``TrainJob`` is resolved against the runtime its
+``runtimeRef`` names (``numNodes`` from the TrainJob's ``trainer``, else the runtime's
+``mlPolicy``), and then, as Trainer's MPI plugin and the JobSet controller would:
+
+- the plugin's ``<job>-mpi-ssh-auth`` key pair, mounted at ``mlPolicy.mpi.sshAuthMountPath``
+  in every pod, and its ``<job>-mpi-hostfile`` ConfigMap at ``/etc/mpi/hostfile`` in the
+  launcher (``<job>-node-0-<i>.<job>.<ns>.svc slots=<numProcPerNode>``, the launcher not
+  among them: ``runLauncherAsNode: false``) with the ``OMPI_MCA_*`` env it adds;
+- the replicated jobs in their order (``startupPolicyOrder: InOrder``: the next starts when
+  every pod of the one before passes its readiness probe), pod ``i`` of Job ``j`` of
+  replicated job ``r`` named ``<job>-<r>-<j>-<i>`` with JobSet's labels
+  (``jobset.sigs.k8s.io/jobset-name``, ``replicatedjob-name``) and the template's;
+- the TrainJob ``Complete`` when the launcher exits 0 (``successPolicy`` targets it),
+  ``Failed`` otherwise (``failurePolicy.maxRestarts: 0``).
 """
 
 from __future__ import annotations
@@ -49,7 +65,9 @@ HOSTFILE_DIR = "/etc/mpi"
 CONTAINER_KEYS = frozenset(
     {"name", "image", "command", "args", "env", "volumeMounts", "readinessProbe", "imagePullPolicy"}
 )
-POD_KEYS = frozenset({"containers", "volumes", "securityContext"})
+POD_KEYS = frozenset({"containers", "volumes", "securityContext", "restartPolicy"})
+TRAINER = ("trainer.kubeflow.org", "v1alpha1")
+RUNNING_STATES = ("created", "configured", "running", "initialized")
 READY_WITHIN_S = 60.0
 
 
@@ -96,6 +114,11 @@ def write_volume(folder: Path, files: Mapping[str, bytes], mode: int, fs_group: 
     return folder
 
 
+def mpijob_labels(name: str, role: str) -> dict[str, str]:
+    """The labels the MPI Operator puts on an MPIJob's pods."""
+    return {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role}
+
+
 class _Core:
     """``CoreV1Api``: the job's credential Secret, its pods (containers) and their logs."""
 
@@ -129,18 +152,55 @@ class _Core:
                 items.append(pod)
         return SimpleNamespace(items=items)
 
-    def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
+    def read_namespaced_pod_log(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        timestamps: bool = False,
+        since_seconds: int | None = None,
+        follow: bool = False,
+        _preload_content: bool = True,
+    ) -> Any:
+        """``podman logs`` as the API's pod log: ``timestamps`` (RFC3339Nano prefixes),
+        ``since_seconds``, and ``follow`` with ``_preload_content=False`` (a response whose
+        ``stream()`` yields the bytes as the container writes them, until it exits)."""
+        args = ["podman", "logs", *(["--timestamps"] if timestamps else [])]
+        if since_seconds is not None:
+            args += ["--since", f"{int(since_seconds)}s"]
+        env = {**os.environ, **self.cluster.podman_env}
+        if follow:
+            assert _preload_content is False, "a followed log is read as a stream"
+            process = subprocess.Popen(
+                [*args, "--follow", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+            )
+            return _FollowedLog(process)
         # podman logs writes the container's stdout to stdout and its stderr to stderr
-        done = subprocess.run(
-            ["podman", "logs", name],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **self.cluster.podman_env},
-            timeout=120,
-        )
+        done = subprocess.run([*args, name], capture_output=True, text=True, env=env, timeout=120)
         if done.returncode != 0:
             raise ApiException(status=404, reason=done.stderr.strip())
         return done.stdout + done.stderr
+
+
+class _FollowedLog:
+    """``podman logs --follow`` as a streamed ``urllib3.HTTPResponse``."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
+        assert self.process.stdout is not None
+        while chunk := self.process.stdout.read1(65536):
+            yield chunk
+        self.process.wait()
+
+    def release_conn(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
 
 
 class PodmanCluster:
@@ -164,6 +224,11 @@ class PodmanCluster:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []  # every MPIJob manifest, as created
         self.hostfiles: dict[str, str] = {}
+        self.runtimes: dict[str, dict[str, Any]] = {}  # TrainingRuntimes, as stored
+        self.trainjobs: dict[str, dict[str, Any]] = {}
+        self.custom_object_client = SimpleNamespace(
+            patch_namespaced_custom_object=self._patch_custom_object
+        )
         self._next_ip = 10
 
     # --- KubernetesHook ---------------------------------------------------------------
@@ -171,6 +236,8 @@ class PodmanCluster:
         return self.namespace
 
     def create_custom_object(self, group, version, plural, body, namespace=None):
+        if (group, version) == TRAINER:
+            return self._create_trainer_object(plural, body)
         assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
         name = body["metadata"]["name"]
         if name in self.jobs:
@@ -182,6 +249,8 @@ class PodmanCluster:
         return {**manifest, "metadata": {**manifest["metadata"], "uid": f"uid-{name}"}}
 
     def get_custom_object(self, group, version, plural, name, namespace=None):
+        if (group, version) == TRAINER:
+            return self._get_trainer_object(plural, name)
         if name not in self.jobs:
             raise ApiException(status=404)
         status, code = self.state(f"{name}-launcher")
@@ -203,10 +272,141 @@ class PodmanCluster:
         return {**self.jobs[name], "status": {"conditions": conditions}}
 
     def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
+        if (group, version) == TRAINER:
+            store = self.runtimes if plural == "trainingruntimes" else self.trainjobs
+            if store.pop(name, None) is None:
+                raise ApiException(status=404)
+            if plural == "trainjobs":
+                for container in self.containers(job=name):
+                    podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+            return
         if self.jobs.pop(name, None) is None:
             raise ApiException(status=404)
         for container in self.containers(job=name):
             podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+
+    def _patch_custom_object(self, group, version, plural, name, namespace, body):
+        assert (group, version) == TRAINER and plural == "trainingruntimes", plural
+        if name not in self.runtimes:
+            raise ApiException(status=404)
+        self.runtimes[name]["metadata"].update(body.get("metadata") or {})
+
+    # --- Kubeflow Trainer v2 and JobSet ------------------------------------------------
+    def _create_trainer_object(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        manifest = json.loads(json.dumps(body))
+        uid = {"metadata": {**manifest["metadata"], "uid": f"uid-{plural}-{name}"}}
+        if plural == "trainingruntimes":
+            if name in self.runtimes:
+                raise ApiException(status=409, reason="AlreadyExists")
+            self.runtimes[name] = manifest
+            return {**manifest, **uid}
+        assert plural == "trainjobs", plural
+        if name in self.trainjobs:
+            raise ApiException(status=409, reason="AlreadyExists")
+        ref = manifest["spec"]["runtimeRef"]
+        assert ref.get("kind", "ClusterTrainingRuntime") == "TrainingRuntime", ref
+        assert ref.get("apiGroup", TRAINER[0]) == TRAINER[0], ref
+        runtime = self.runtimes.get(ref["name"])
+        if runtime is None:  # Trainer's webhook refuses a TrainJob without its runtime
+            raise ApiException(status=422, reason=f"TrainingRuntime {ref['name']} not found")
+        self.trainjobs[name] = manifest
+        self.created.append(manifest)
+        self._start_trainjob(manifest, runtime)
+        return {**manifest, **uid}
+
+    def _get_trainer_object(self, plural: str, name: str) -> dict[str, Any]:
+        if plural == "trainingruntimes":
+            if name not in self.runtimes:
+                raise ApiException(status=404)
+            return self.runtimes[name]
+        if name not in self.trainjobs:
+            raise ApiException(status=404)
+        launcher = [c for c in self.containers(job=name) if "-launcher-" in c]
+        conditions: list[dict[str, Any]] = []
+        if launcher:
+            status, code = self.state(launcher[0])
+            if status not in RUNNING_STATES:
+                self._clean_running_workers(name, "-node-")
+                if code == 0:
+                    conditions = [{"type": "Complete", "status": "True", "message": "done"}]
+                else:
+                    conditions = [
+                        {
+                            "type": "Failed",
+                            "status": "True",
+                            "reason": "JobsFailed",
+                            "message": f"launcher {launcher[0]} exited with code {code}",
+                        }
+                    ]
+        return {**self.trainjobs[name], "status": {"conditions": conditions}}
+
+    def _start_trainjob(self, trainjob: dict[str, Any], runtime: dict[str, Any]) -> None:
+        name, ns = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
+        policy = runtime["spec"]["mlPolicy"]
+        mpi = policy["mpi"]
+        assert mpi.get("mpiImplementation", "OpenMPI") == "OpenMPI", mpi
+        assert not mpi.get("runLauncherAsNode"), "runLauncherAsNode is not emulated"
+        nodes = int((trainjob["spec"].get("trainer") or {}).get("numNodes") or policy["numNodes"])
+        slots = int(mpi.get("numProcPerNode", 1))
+        ssh_path = mpi.get("sshAuthMountPath", "/root/.ssh")
+        private, public = ssh_key_pair()
+        ssh_files = {"id_rsa": private, "id_rsa.pub": public, "authorized_keys": public}
+        ssh_mode = 0o600 if ssh_path == "/root/.ssh" else 0o644
+        jobset = runtime["spec"]["template"]["spec"]
+        assert jobset.get("startupPolicy") == {"startupPolicyOrder": "InOrder"}, jobset
+        rjobs = jobset["replicatedJobs"]
+        assert [r["name"] for r in rjobs] == ["node", "launcher"], rjobs
+        pods: dict[str, list[str]] = {}
+        for rjob in rjobs:
+            assert int(rjob.get("replicas", 1)) == 1, rjob
+            count = nodes if rjob["name"] == "node" else 1
+            pods[rjob["name"]] = [f"{name}-{rjob['name']}-0-{i}" for i in range(count)]
+        ips = {pod: self._ip() for group in pods.values() for pod in group}
+        hosts = []
+        for pod, ip in ips.items():
+            for fqdn in (f"{pod}.{name}.{ns}.svc", f"{pod}.{name}.{ns}.svc.cluster.local"):
+                hosts.append(f"{fqdn}:{ip}")
+        hostfile = "".join(f"{pod}.{name}.{ns}.svc slots={slots}\n" for pod in pods["node"])
+        self.hostfiles[name] = hostfile
+        ncpu = os.cpu_count() or 1
+        for rjob in rjobs:  # InOrder: each replicated job once the one before is ready
+            role = rjob["name"]
+            job_spec = rjob["template"]["spec"]
+            template = job_spec["template"]
+            for i, pod in enumerate(pods[role]):
+                labels = {
+                    "jobset.sigs.k8s.io/jobset-name": name,
+                    "jobset.sigs.k8s.io/replicatedjob-name": role,
+                    "jobset.sigs.k8s.io/job-index": "0",
+                }
+                extra_env: dict[str, str] = {}
+                config = None
+                if role == "launcher":
+                    extra_env = {
+                        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                        "OMPI_MCA_orte_default_hostfile": f"{HOSTFILE_DIR}/hostfile",
+                        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+                        "OMPI_MCA_orte_set_default_slots": str(slots),
+                    }
+                    config = {"hostfile": hostfile.encode()}
+                self._run_pod(
+                    name,
+                    pod,
+                    template,
+                    labels=labels,
+                    ip=ips[pod],
+                    hosts=hosts,
+                    extra_env=extra_env,
+                    ssh=(ssh_path, ssh_files, ssh_mode),
+                    config=config,
+                    cpus=sorted({(i * slots + k) % ncpu for k in range(slots)})
+                    if role == "node"
+                    else (),
+                )
+            if "readinessProbe" in template["spec"]["containers"][0]:
+                for pod in pods[role]:
+                    self._wait_ready(template, pod, ips[pod])
 
     # --- the operator's part ----------------------------------------------------------
     def _ip(self) -> str:
@@ -239,10 +439,10 @@ class PodmanCluster:
             pod = f"{name}-worker-{i}"
             cpus = sorted({(i * slots + k) % ncpu for k in range(slots)})
             self._run_pod(
-                job,
+                name,
                 pod,
-                "worker",
                 replicas["Worker"]["template"],
+                labels=mpijob_labels(name, "worker"),
                 ip=ips[pod],
                 hosts=hosts,
                 extra_env={"K_MPI_JOB_ROLE": "worker"},
@@ -250,13 +450,14 @@ class PodmanCluster:
                 cpus=cpus,
             )
         for i in range(workers):
-            self._wait_ready(job, f"{name}-worker-{i}", ips[f"{name}-worker-{i}"])
+            pod = f"{name}-worker-{i}"
+            self._wait_ready(replicas["Worker"]["template"], pod, ips[pod])
         pod = f"{name}-launcher"
         self._run_pod(
-            job,
+            name,
             pod,
-            "launcher",
             replicas["Launcher"]["template"],
+            labels=mpijob_labels(name, "launcher"),
             ip=ips[pod],
             hosts=hosts,
             extra_env={
@@ -274,11 +475,11 @@ class PodmanCluster:
 
     def _run_pod(
         self,
-        job: dict[str, Any],
+        name: str,
         pod: str,
-        role: str,
         template: dict[str, Any],
         *,
+        labels: Mapping[str, str],
         ip: str,
         hosts: Sequence[str],
         extra_env: Mapping[str, str],
@@ -286,8 +487,8 @@ class PodmanCluster:
         config: Mapping[str, bytes] | None = None,
         cpus: Sequence[int] = (),
     ) -> None:
-        name = job["metadata"]["name"]
         spec = template["spec"]
+        assert spec.get("restartPolicy", "Never") == "Never", f"{pod}: restartPolicy not emulated"
         unknown = set(spec) - POD_KEYS
         assert not unknown, f"{pod}: pod spec fields the harness does not emulate: {unknown}"
         (container,) = spec["containers"]
@@ -298,8 +499,7 @@ class PodmanCluster:
         fs_group = security.get("fsGroup")
         labels = {
             **(template.get("metadata") or {}).get("labels", {}),
-            "training.kubeflow.org/job-name": name,
-            "training.kubeflow.org/job-role": role,
+            **labels,
             HARNESS_LABEL: name,
         }
         args = ["run", "-d", "--name", pod, "--hostname", pod, "--network", self.network]
@@ -341,9 +541,8 @@ class PodmanCluster:
         args += [container["image"], *container.get("args", [])]
         podman(self.podman_env, *args)
 
-    def _wait_ready(self, job: dict[str, Any], pod: str, ip: str) -> None:
-        """The worker template's readiness probe (``tcpSocket``), from the host."""
-        template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    def _wait_ready(self, template: dict[str, Any], pod: str, ip: str) -> None:
+        """The pod template's readiness probe (``tcpSocket``), from the host."""
         (container,) = template["spec"]["containers"]
         port = int(container["readinessProbe"]["tcpSocket"]["port"])
         deadline = time.monotonic() + READY_WITHIN_S
@@ -359,9 +558,9 @@ class PodmanCluster:
                 time.sleep(0.3)
         raise AssertionError(f"worker {pod} not ready on {ip}:{port} within {READY_WITHIN_S}s")
 
-    def _clean_running_workers(self, name: str) -> None:
+    def _clean_running_workers(self, name: str, infix: str = "-worker-") -> None:
         for container in self.containers(job=name):
-            if "-worker-" in container and self.state(container)[0] == "running":
+            if infix in container and self.state(container)[0] == "running":
                 podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
 
     # --- looking at the containers ----------------------------------------------------

@@ -184,3 +184,65 @@ def test_a_worker_pod_killed_mid_run_fails_the_task_naming_the_worker(
     assert f"rank 1 (host {worker}.{name}.hva.svc) failed first" in str(error), str(error)
     # The failed job is kept (cleanup="delete_on_success"), but none of its pods runs.
     assert mpijob_cluster.containers(running=True) == []
+
+
+def test_a_two_node_trainjob_trains_like_one_pod_with_two_ranks(
+    mpijob_network: MPIJobNetwork, mpijob_cluster, mnist_subset, capsys
+):
+    """``kubernetes_api="trainjob"``: the TrainJob and its own TrainingRuntime, turned into
+    pods as Trainer's MPI plugin and JobSet would, train to the same results as the
+    single-pod MPIJob run of the test above (same seed, same data)."""
+    s3 = mpijob_network.s3
+    bucket = s3.new_bucket("trainjob")
+    staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3.client())
+    trainer = (*WHERE, "python", "-m", "trainer", "train")
+
+    single = execute(
+        k8s_op(
+            staged["uri"],
+            f"s3://{bucket}/runs/single",
+            task_id="one_pod",
+            entrypoint=trainer,
+            trainer_args=TRAIN_ARGS,
+            slots_per_worker=2,
+        ),
+        mpijob_cluster,
+    )
+    capsys.readouterr()
+    multi = execute(
+        k8s_op(
+            staged["uri"],
+            f"s3://{bucket}/runs/trainjob",
+            task_id="two_nodes",
+            entrypoint=trainer,
+            trainer_args=TRAIN_ARGS,
+            slots_per_worker=1,
+            kubernetes_api="trainjob",
+        ),
+        mpijob_cluster,
+    )
+    log = capsys.readouterr().out
+
+    trainjob = mpijob_cluster.created[-1]
+    assert trainjob["kind"] == "TrainJob"
+    name = trainjob["metadata"]["name"]
+    assert mpijob_cluster.hostfiles[name] == (
+        f"{name}-node-0-0.{name}.hva.svc slots=1\n{name}-node-0-1.{name}.hva.svc slots=1\n"
+    )
+    # One rank per node pod, reached over ssh (port 2222) from the launcher pod ...
+    assert f"[0]<stdout>:hva-rank rank=0 host={name}-node-0-0" in log
+    assert f"[1]<stdout>:hva-rank rank=1 host={name}-node-0-1" in log
+    assert f"submitted TrainJob hva/{name} (2 ranks)" in log
+    # the launcher pod's log, followed while the job ran and caught up at its end: each line once
+    assert log.count(f"[0]<stdout>:hva-rank rank=0 host={name}-node-0-0") == 1
+    # ... and the allreduced results equal the one-pod MPIJob run's.
+    assert multi["world_size"] == single["world_size"] == 2
+    assert multi["val_samples"] == single["val_samples"] == TRAIN_ARGS["max_val_samples"]
+    assert_same_training(read_json(s3, single["metrics_uri"]), read_json(s3, multi["metrics_uri"]))
+    secret = s3.env["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in log
+    assert all(secret not in str(m) for m in mpijob_cluster.created)
+    # Succeeded: the TrainJob, its runtime, its Secret and its pods are gone.
+    assert mpijob_cluster.trainjobs == {} and mpijob_cluster.runtimes == {}
+    assert mpijob_cluster.core_v1_client.secrets == {}
+    assert mpijob_cluster.containers() == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -107,6 +108,7 @@ class FakeCore:
         self.log_text = log_text
         self.created_secret_text = ""  # every Secret's data, kept after deletion
         self.selectors: list[str] = []
+        self.log_reads: list[dict[str, Any]] = []
         # what successive pod listings answer: by default the job's launcher pod, running
         self.pods: list[list[Any]] = [[pod("job-launcher-abc", "Running", role="launcher")]]
 
@@ -133,8 +135,40 @@ class FakeCore:
             pods = [p for p in pods if p.metadata.labels.get("role") == "launcher"]
         return SimpleNamespace(items=pods)
 
-    def read_namespaced_pod_log(self, name: str, namespace: str) -> str:
-        return self.log_text
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kw: Any) -> Any:
+        """The log as the API serves it: ``timestamps=True`` prefixes each line with its
+        RFC3339Nano time; ``follow=True, _preload_content=False`` answers a response whose
+        ``stream()`` yields the bytes."""
+        self.log_reads.append(kw)
+        text = self.log_text
+        if kw.get("timestamps"):
+            text = "".join(
+                f"2026-12-04T10:00:00.{i:09d}Z {line}\n"
+                for i, line in enumerate(self.log_text.splitlines(), 1)
+            )
+        if kw.get("_preload_content") is False:
+            return LogStream([text.encode()])
+        return text
+
+
+class LogStream:
+    """A streamed log response (``urllib3.HTTPResponse``): ``stream()`` yields its chunks."""
+
+    def __init__(self, chunks: Any) -> None:
+        self.chunks = chunks
+        self.closed = False
+
+    def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
+        for chunk in self.chunks:
+            if self.closed:
+                return
+            yield chunk
+
+    def release_conn(self) -> None:
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class FakeHook:
@@ -340,10 +374,11 @@ def test_polling_success_creates_secret_surfaces_log_and_cleans_up():
     assert hook.deleted == ["hvd-train-1234"]  # delete_on_success
     assert hook.core_v1_client.deleted == ["hvd-train-1234-rank-env"]
     assert secret == {}  # deleted with the job
-    assert hook.core_v1_client.selectors == [
+    assert set(hook.core_v1_client.selectors) == {
         "training.kubeflow.org/job-name=hvd-train-1234",  # started? (once: the launcher runs)
         "training.kubeflow.org/job-name=hvd-train-1234,training.kubeflow.org/job-role=launcher",
-    ]
+    }
+    assert log.lines.count("[0]<stdout>:epoch 1") == 1  # followed, then caught up: once
 
 
 def test_secret_holds_the_rank_env_and_is_owned_by_the_job():
@@ -1164,3 +1199,106 @@ def test_the_mpijob_checks_catch_what_the_api_would_refuse_or_prune(mutate, erro
     mutate(body)
     errors = mpijob_errors(body)
     assert any(error in e for e in errors), errors
+
+
+# --- the launcher pod's log, followed while the job runs ----------------------------------
+def stamped(second: int, nano: int, line: str) -> bytes:
+    return f"2026-12-04T10:00:{second:02d}.{nano:09d}Z {line}\n".encode()
+
+
+class CutStreams(FakeCore):
+    """A launcher pod whose log comes in two follow streams: the first is cut after two
+    lines (the API server dropped it), the reconnect (``since_seconds``) repeats those two
+    lines and two more of the same second, then the rest, and ends (the pod has finished)."""
+
+    def __init__(self, log: LineLog) -> None:
+        super().__init__("")
+        self.log = log
+        self.streams = 0
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kw: Any) -> Any:
+        self.log_reads.append(kw)
+        assert kw.get("timestamps") is True
+        if kw.get("_preload_content") is not False:  # the catch-up at the end: all again
+            return b"".join(self.chunks(whole=True)).decode()
+        self.streams += 1
+        if self.streams == 1:
+            return LogStream(self.first())
+        return LogStream(self.chunks(whole=False))
+
+    def first(self) -> Any:
+        yield stamped(1, 5, "[0]<stdout>:epoch 1")
+        yield stamped(2, 0, "[0]<stdout>:epoch 2 ")[:-10]  # a line in two chunks ...
+        yield stamped(2, 0, "[0]<stdout>:epoch 2 ")[-10:]  # ... and a cut stream
+
+    def chunks(self, *, whole: bool) -> Any:
+        yield stamped(1, 5, "[0]<stdout>:epoch 1")
+        yield stamped(2, 0, "[0]<stdout>:epoch 2 ")
+        yield stamped(2, 0, "[1]<stdout>:epoch 2 ")  # same timestamp: a new line
+        if not whole:  # the job goes on while the task log already shows its lines
+            deadline = time.monotonic() + 10
+            while "[1]<stdout>:epoch 2 " not in self.log.lines and time.monotonic() < deadline:
+                time.sleep(0.01)
+        yield stamped(3, 1, "[0]<stdout>:done")
+
+
+def test_the_launcher_log_is_followed_into_the_task_log_while_the_job_runs():
+    log = LineLog()
+    seen_when_done: list[list[str]] = []
+
+    class Hook(FakeHook):
+        def get_custom_object(self, group, version, plural, name, namespace=None):
+            obj = super().get_custom_object(group, version, plural, name, namespace)
+            if "[0]<stdout>:done" in log.lines or self.gets > 500:
+                seen_when_done.append(list(log.lines))
+                return SUCCEEDED
+            return obj
+
+    hook = Hook([RUNNING])
+    hook.core_v1_client = CutStreams(log)
+    launcher(hook).run(spec(), log)
+    expected = ["[0]<stdout>:epoch 1", "[0]<stdout>:epoch 2 ", "[1]<stdout>:epoch 2 ",
+                "[0]<stdout>:done"]  # fmt: skip
+    # every line reached the task log while the job was still running ...
+    assert seen_when_done and all(line in seen_when_done[0] for line in expected)
+    # ... each once, in order, over a reconnect and the final catch-up
+    assert [line for line in log.lines if "<stdout>" in line] == expected
+    reads = hook.core_v1_client.log_reads
+    assert reads[0] == {"timestamps": True, "follow": True, "_preload_content": False}
+    assert reads[1]["follow"] is True and reads[1]["since_seconds"] >= 5  # resumed
+    assert "follow" not in reads[-1] and reads[-1]["since_seconds"] >= 5  # caught up
+
+
+def test_a_follow_stream_that_never_ends_is_cut_at_the_end_of_the_job(monkeypatch):
+    monkeypatch.setattr("operators.launchers.kubernetes.LOG_DRAIN_S", 0.2)
+    log = LineLog()
+
+    class Endless(FakeCore):
+        def read_namespaced_pod_log(self, name: str, namespace: str, **kw: Any) -> Any:
+            if kw.get("_preload_content") is False:
+
+                def forever() -> Any:
+                    yield stamped(1, 0, "[0]<stdout>:hello")
+                    while True:
+                        time.sleep(0.01)
+                        yield b""
+
+                return LogStream(forever())
+            return stamped(1, 0, "[0]<stdout>:hello").decode()
+
+    hook = FakeHook([RUNNING, RUNNING, SUCCEEDED])
+    hook.core_v1_client = Endless("")
+    started = time.monotonic()
+    assert launcher(hook).run(spec(), log).exit_code == 0
+    assert time.monotonic() - started < 10
+    assert log.lines.count("[0]<stdout>:hello") == 1
+
+
+def test_log_timestamps_compare_by_time_not_by_text():
+    from operators.launchers.kubernetes import log_timestamp
+
+    earlier = log_timestamp("2026-12-04T10:00:05.1Z")
+    later = log_timestamp("2026-12-04T10:00:05.12Z")
+    assert earlier is not None and later is not None and earlier < later
+    assert log_timestamp("2026-12-04T11:00:05+01:00") == log_timestamp("2026-12-04T10:00:05Z")
+    assert log_timestamp("[0]<stdout>:x") is None
