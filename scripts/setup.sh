@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up used by both README commands (scripts/run_pipeline.sh and scripts/test.sh):
 #   1. a virtual environment in .venv (ignored by git),
-#   2. the pinned dependencies of requirements/lock.txt (skipped while the lock is unchanged),
+#   2. the pinned dependencies of requirements/lock.txt and test-extras.txt (skipped while
+#      they are unchanged),
 #   3. Horovod 0.28.1 built against the pinned torch (scripts/build_horovod.sh; the wheel is
 #      cached outside the work tree, so the build runs once per machine),
 #   4. this project, editable, and a `horovodrun --check-build` that must list PyTorch and Gloo.
@@ -19,12 +20,13 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 
-stamp=$(cat requirements/lock.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp=$(cat requirements/lock.txt requirements/test-extras.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.lock-stamp" 2>/dev/null)" != "$stamp" ]; then
   start=$(date +%s)
   echo "setup: installing requirements/lock.txt into $venv (a few minutes the first time)" >&2
   "$py" -m pip install -q "pip==$PIP_VERSION"
   "$py" -m pip install -q -r requirements/lock.txt
+  "$py" -m pip install -q --no-deps -r requirements/test-extras.txt
   "$py" -m pip install -q --no-deps --no-build-isolation -e .
   echo "$stamp" >"$venv/.lock-stamp"
   echo "setup: dependencies installed in $(( $(date +%s) - start ))s" >&2
