@@ -43,9 +43,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.common import add_np_argument, add_results_dir_argument, ranks_from
 from bench.datasets import prepare_torchvision_root
 from bench.report import (
-    default_ranks,
     machine,
     machine_line,
     md_table,
@@ -304,11 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--epochs", type=int, default=3, help="the demo's 3 by default")
         p.add_argument("--train-samples", type=int, default=0, help="0 = all 60,000")
         p.add_argument("--val-samples", type=int, default=0, help="0 = all 10,000")
-    parser.add_argument(
-        "--np", type=int, default=None, help="Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
-    )
+    add_np_argument(parser)
     parser.add_argument("--quick", action="store_true", help="512/256 samples, 1 epoch")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     args = parser.parse_args(argv)
 
@@ -322,9 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         run_rank(args)
         return 0
 
-    args.np = default_ranks() if args.np is None else args.np
-    if args.np < 1:
-        parser.error(f"--np must be >= 1, got {args.np}")
+    args.np = ranks_from(parser, args.np)
     m = machine()
     sizes = {"epochs": args.epochs, "train_samples": args.train_samples}
     sizes["val_samples"] = args.val_samples

@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_np_argument, add_results_dir_argument, ranks_from
 from bench.datasets import stage_local_dataset
 from bench.report import (
-    default_ranks,
     json_events,
     machine,
     machine_line,
@@ -96,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=4, help="alternations (median reported)")
     parser.add_argument("--samples", type=int, default=20000, help="training images per run")
-    parser.add_argument("--np", type=int, default=None, help="Horovod ranks (default 2)")
+    add_np_argument(parser)
     parser.add_argument("--quick", action="store_true", help="1 repeat on 2,048 samples")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.samples = 1, 2048
-    args.np = default_ranks() if args.np is None else args.np
-    if args.np < 1 or args.repeats < 1 or args.samples < 2 * args.np:
+    args.np = ranks_from(parser, args.np)
+    if args.repeats < 1 or args.samples < 2 * args.np:
         parser.error(
             f"--np and --repeats must be >= 1 and --samples >= 2 x np, got {args.np}, "
             f"{args.repeats}, {args.samples}"

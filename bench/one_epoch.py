@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_np_argument, add_results_dir_argument, ranks_from
 from bench.demo_baseline import TARGET_ACCURACY
-from bench.report import default_ranks, machine, machine_line, md_table, write_results
+from bench.report import machine, machine_line, md_table, write_results
 from bench.time_to_accuracy import run_ours
 
 # (label, trainer arguments on top of --epochs 1): the default model and recipe on three
@@ -103,15 +104,11 @@ def render(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--np", type=int, default=None, help="Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
-    )
+    add_np_argument(parser)
     parser.add_argument("--quick", action="store_true", help="tiny subsets, 2 recipes (smoke test)")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     args = parser.parse_args(argv)
-    args.np = default_ranks() if args.np is None else args.np
-    if args.np < 1:
-        parser.error(f"--np must be >= 1, got {args.np}")
+    args.np = ranks_from(parser, args.np)
     recipes, extra = RECIPES, []
     if args.quick:
         recipes = (RECIPES[0], RECIPES[3])  # the default model and the demo's CNN

@@ -26,16 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.datasets import stage_local_dataset
-from bench.report import (
-    default_ranks,
-    machine,
-    machine_line,
-    md_table,
-    rank_env,
-    run_horovod,
-    write_results,
+from bench.common import (
+    add_np_argument,
+    add_rank_parser,
+    add_results_dir_argument,
+    ranks_from,
+    require_positive,
+    run_rank_program,
+    run_timeout,
 )
+from bench.report import machine, machine_line, md_table, write_results
 
 COMBOS = (("fp32", "off"), ("fp32", "on"), ("bf16", "off"), ("bf16", "on"))
 
@@ -146,48 +146,31 @@ def render(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command")
-    rank = sub.add_parser("rank", help="the program each Horovod rank runs")
-    rank.add_argument("--data", required=True, help="staged dataset folder (manifest.json)")
-    rank.add_argument("--output", required=True)
-    rank.add_argument("--cache-dir", default="")
-    rank.add_argument("--result", required=True)
+    rank = add_rank_parser(sub)
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=20, help="trainer steps per timed repeat")
         p.add_argument("--warmup", type=int, default=1, help="untimed calls per combination")
         p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
-    parser.add_argument("--np", type=int, default=None, help="ranks (default 2; CUDA: GPUs)")
+    add_np_argument(parser)
     parser.add_argument("--quick", action="store_true", help="2 steps, 1 repeat (smoke test)")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     args = parser.parse_args(argv)
-    for name in ("steps", "warmup", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    require_positive(parser, args, ("steps", "warmup", "repeats"))
     if args.command == "rank":
         run_rank(args)
         return 0
 
     if args.quick:
         args.steps, args.warmup, args.repeats = 2, 1, 1
-    np_ = args.np if args.np is not None else default_ranks(2)
-    if np_ < 1:
-        parser.error(f"--np must be an integer >= 1, got {np_}")
+    np_ = ranks_from(parser, args.np)
     m = machine()
     with tempfile.TemporaryDirectory(prefix="hva-precision-") as tmp:
-        work = Path(tmp)
-        staged = stage_local_dataset(work / "staged")
-        result = work / "precision.json"
-        rank_args = ["bench.precision", "rank", "--data", str(staged)]
-        rank_args += ["--output", str(work / "unused-output"), "--cache-dir", str(work / "cache")]
-        rank_args += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-        rank_args += ["--repeats", str(args.repeats), "--result", str(result)]
-        run = run_horovod(
-            np_,
-            rank_args,
-            log=work / "precision.log",
-            timeout=600 if args.quick else 3600,
-            env=rank_env(),
-        )
-        summary = json.loads(result.read_text())
+        rank_args = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+        rank_args += ["--repeats", str(args.repeats)]
+        summary, run = run_rank_program(
+            "bench.precision", np_, Path(tmp), rank_args,
+            tag="precision", timeout=run_timeout(args.quick),
+        )  # fmt: skip
     summary["wall_seconds"] = round(run.wall_seconds, 1)
     data = {"machine": m, "quick": args.quick, "repeats": args.repeats, "run": summary}
     name = "precision_quick" if args.quick else "precision"

@@ -23,16 +23,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.datasets import stage_local_dataset
-from bench.report import (
-    default_ranks,
-    machine,
-    machine_line,
-    md_table,
-    rank_env,
-    run_horovod,
-    write_results,
+from bench.common import (
+    add_np_argument,
+    add_rank_parser,
+    add_results_dir_argument,
+    ranks_from,
+    run_rank_program,
+    run_timeout,
 )
+from bench.report import machine, machine_line, md_table, write_results
 
 # Operator name fragments → the part of a step they belong to (first match wins).
 GROUPS = (
@@ -269,44 +268,30 @@ def tables(summary: dict[str, Any], top: int = 15) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command")
-    rank = sub.add_parser("rank", help="the program each Horovod rank runs")
-    rank.add_argument("--data", required=True)
-    rank.add_argument("--output", required=True)
-    rank.add_argument("--cache-dir", default="")
-    rank.add_argument("--result", required=True)
+    rank = add_rank_parser(sub)
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=20, help="profiled steps")
         p.add_argument("--warmup", type=int, default=3, help="unprofiled steps first")
-    parser.add_argument(
-        "--np", type=int, default=None, help="Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
-    )
+    add_np_argument(parser)
     parser.add_argument("--quick", action="store_true", help="2 profiled steps (smoke test)")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}")
     if args.command == "rank":
         run_rank(args)
         return 0
-    args.np = default_ranks() if args.np is None else args.np
-    if args.np < 1:
-        parser.error(f"--np must be >= 1, got {args.np}")
+    args.np = ranks_from(parser, args.np)
     if args.quick:
         args.steps, args.warmup = 2, 1
 
     m = machine()
     with tempfile.TemporaryDirectory(prefix="hva-profile-") as tmp:
-        work = Path(tmp)
-        staged = stage_local_dataset(work / "staged")
-        result = work / "profile.json"
-        cmd = ["bench.profile_step", "rank", "--data", str(staged), "--output", str(work / "o")]
-        cmd += ["--cache-dir", str(work / "cache"), "--result", str(result)]
-        cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-        run_horovod(
-            args.np, cmd, log=work / "profile.log", timeout=600 if args.quick else 3600,
-            env=rank_env(),
+        summary, _ = run_rank_program(
+            "bench.profile_step", args.np, Path(tmp),
+            ["--steps", str(args.steps), "--warmup", str(args.warmup)],
+            tag="profile", timeout=run_timeout(args.quick),
         )  # fmt: skip
-        summary = json.loads(result.read_text())
     title = (
         f"### Where our training step's time goes (torch.profiler, rank 0 of "
         f"{summary['world_size']})" + (" (quick)" if args.quick else "")

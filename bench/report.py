@@ -6,21 +6,17 @@ Runs in the benchmark driver process (not in a Horovod rank); imports torch lazi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -171,6 +167,22 @@ class HorovodRun:
     log: Path
 
 
+class _StampedLog:
+    """The launcher's log: each line (horovodrun's output, and the launcher's own few lines,
+    e.g. the pid it started) stamped with its arrival time and written to the log file."""
+
+    def __init__(self, file: IO[str], start: float) -> None:
+        self.file = file
+        self.start = start
+        self.lines: list[tuple[float, str]] = []
+
+    def info(self, message: str, *args: Any) -> None:  # called by one thread at a time
+        line = message % args if args else message
+        self.lines.append((time.perf_counter() - self.start, line))
+        self.file.write(line + "\n")
+        self.file.flush()  # so that a long run can be followed with tail -f
+
+
 def run_horovod(
     np: int,
     module_args: Sequence[str],
@@ -181,60 +193,48 @@ def run_horovod(
 ) -> HorovodRun:
     """Run ``horovodrun -np N -H localhost:N python -m <module_args>`` and time it.
 
+    The run is the product's own: ``operators.launchers.local.LocalLauncher``, so a timeout
+    stops horovodrun *and* every rank (their middlemen ``setsid()`` out of horovodrun's
+    process group; the launcher walks the process tree and the job's environment marker).
     Each output line is stamped with its arrival time (seconds after launch), so a benchmark
     can tell when a rank printed, e.g., the end of an epoch. The combined output also goes to
     ``log``; on a non-zero exit or a timeout, raise with the log's tail.
     """
     if np < 1:
         raise ValueError(f"np (Horovod ranks) must be >= 1, got {np}")
+    # Imported here: the ranks import this module too and need neither Airflow nor psutil.
+    from operators.exceptions import HorovodTimeoutError, HorovodTrainingError
+    from operators.launchers.base import JobSpec
+    from operators.launchers.local import LocalLauncher
+
     cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m"]
     cmd += list(module_args)
+    spec = JobSpec(
+        name=f"bench-{module_args[0] if module_args else 'run'}",
+        argv=cmd,
+        env=env or rank_env(),
+        num_proc=np,
+        timeout=timeout,
+    )
     log.parent.mkdir(parents=True, exist_ok=True)
-    lines: list[tuple[float, str]] = []
     start = time.perf_counter()
     with log.open("w") as f:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env or rank_env(),
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-        )
-        timer = threading.Timer(timeout, _kill_group, args=(proc,))
-        timer.start()
+        out = _StampedLog(f, start)
+        why = ""
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append((time.perf_counter() - start, line.rstrip("\n")))
-                f.write(line)
-                f.flush()  # so that a long run can be followed with tail -f
-            rc = proc.wait()
-        finally:
-            timer.cancel()
-            if proc.poll() is None:
-                _kill_group(proc)
+            LocalLauncher().run(spec, out)
+        except HorovodTimeoutError:
+            why = f"timed out after {timeout:g}s (horovodrun and all its ranks were stopped)"
+        except HorovodTrainingError as e:
+            why = f"exited {e.exit_code}"
+    lines = out.lines
     wall = time.perf_counter() - start
-    if rc != 0:
+    if why:
         # The ranks' own lines say why; horovodrun's traceback after them does not.
         rank_lines = [line for _, line in lines if RANK_PREFIX.match(line)]
         tail = "\n".join(rank_lines[-30:] or [line for _, line in lines[-40:]])
-        why = f"timed out after {timeout:.0f}s" if wall >= timeout else f"exited {rc}"
         raise RuntimeError(f"{' '.join(cmd)} {why}; log tail ({log}):\n{tail}")
     return HorovodRun(wall_seconds=wall, lines=lines, log=log)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Stop horovodrun and the ranks it started (they share its process group)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def json_events(run: HorovodRun, event: str | None = None) -> list[tuple[float, dict[str, Any]]]:

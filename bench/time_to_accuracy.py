@@ -28,10 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_np_argument, add_results_dir_argument, ranks_from, require_positive
 from bench.datasets import stage_local_dataset
 from bench.demo_baseline import TARGET_ACCURACY, run_demo
 from bench.report import (
-    default_ranks,
     json_events,
     load_average,
     machine,
@@ -225,23 +225,20 @@ def speedup_from_launch(data: dict[str, Any]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--np", type=int, default=None, help="Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
-    )
+    add_np_argument(parser)
     parser.add_argument("--demo-epochs", type=int, default=3, help="the demo's 3 by default")
     parser.add_argument("--quick", action="store_true", help="tiny subsets, 1 epoch each")
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=[42, 1, 2], help="our runs' seeds (42 1 2)"
     )
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument(
         "--render", type=Path, default=None, help="rebuild the Markdown from a saved .json"
     )
     args = parser.parse_args(argv)
-    args.np = default_ranks() if args.np is None else args.np
-    if args.np < 1 or args.demo_epochs < 1:
-        parser.error(f"--np and --demo-epochs must be >= 1, got {args.np}, {args.demo_epochs}")
+    args.np = ranks_from(parser, args.np)
+    require_positive(parser, args, ("demo_epochs",))
     if args.render:
         data = json.loads(args.render.read_text())
         name = args.render.stem

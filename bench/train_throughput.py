@@ -39,16 +39,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.datasets import prepare_torchvision_root, stage_local_dataset
-from bench.report import (
-    default_ranks,
-    machine,
-    machine_line,
-    md_table,
-    rank_env,
-    run_horovod,
-    write_results,
+from bench.common import (
+    add_rank_parser,
+    add_results_dir_argument,
+    require_positive,
+    run_rank_program,
+    run_timeout,
 )
+from bench.report import default_ranks, machine, machine_line, md_table, write_results
 
 if TYPE_CHECKING:
     import torch
@@ -321,18 +319,12 @@ def run_throughput(
     seconds: float,
     timeout: float = 3600,
 ) -> dict[str, Any]:
-    root = prepare_torchvision_root(workdir / "torchvision-root")
-    staged = stage_local_dataset(workdir / "staged")
-    result_file = workdir / f"throughput-np{np}.json"
-    result_file.unlink(missing_ok=True)
-    args = ["bench.train_throughput", "rank", "--root", str(root), "--data", str(staged)]
-    args += ["--output", str(workdir / "unused-output"), "--cache-dir", str(workdir / "cache")]
-    args += ["--steps", str(steps), "--warmup", str(warmup), "--repeats", str(repeats)]
-    args += ["--seconds", str(seconds), "--result", str(result_file)]
-    run = run_horovod(
-        np, args, log=workdir / f"throughput-np{np}.log", timeout=timeout, env=rank_env()
-    )
-    summary: dict[str, Any] = json.loads(result_file.read_text())
+    args = ["--steps", str(steps), "--warmup", str(warmup), "--repeats", str(repeats)]
+    args += ["--seconds", str(seconds)]
+    summary, run = run_rank_program(
+        "bench.train_throughput", np, workdir, args,
+        tag=f"throughput-np{np}", timeout=timeout, torchvision_root=True,
+    )  # fmt: skip
     summary["wall_seconds"] = round(run.wall_seconds, 1)
     return summary
 
@@ -445,12 +437,7 @@ def _spread(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command")
-    rank = sub.add_parser("rank", help="the program each Horovod rank runs")
-    rank.add_argument("--root", required=True, help="torchvision root holding MNIST/raw/")
-    rank.add_argument("--data", required=True, help="staged dataset folder (manifest.json)")
-    rank.add_argument("--output", required=True)
-    rank.add_argument("--cache-dir", default="")
-    rank.add_argument("--result", required=True)
+    rank = add_rank_parser(sub, torchvision_root=True)
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=200, help="at most this many steps a repeat")
         p.add_argument("--seconds", type=float, default=3.0, help="aim for this long a repeat")
@@ -458,11 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
     parser.add_argument("--np", type=int, nargs="+", default=None, help="rank counts (1 2)")
     parser.add_argument("--quick", action="store_true", help="2 steps, 1 repeat (smoke test)")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+    add_results_dir_argument(parser)
     args = parser.parse_args(argv)
-    for name in ("steps", "warmup", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    require_positive(parser, args, ("steps", "warmup", "repeats"))
     if args.seconds <= 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
 
@@ -486,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=args.warmup,
                 repeats=args.repeats,
                 seconds=args.seconds,
-                timeout=600 if args.quick else 3600,
+                timeout=run_timeout(args.quick),
             )
     body, derived = tables(runs)
     ref = runs[max(runs)]

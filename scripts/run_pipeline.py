@@ -15,19 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from scripts.devstack import (  # noqa: E402  (needs the repo root on sys.path)
+    DbMigrate,
+    airflow_env,
+    embedded_s3,
+    venv_and_repo_on_path,
+)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,49 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     home = out / "airflow"
     home.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AWS_ACCESS_KEY_ID": "embedded",
-        "AWS_SECRET_ACCESS_KEY": "embedded-secret",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
-    env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
-        {
-            "conn_type": "aws",
-            "login": env["AWS_ACCESS_KEY_ID"],
-            "password": env["AWS_SECRET_ACCESS_KEY"],
-            "extra": {"endpoint_url": env["AWS_ENDPOINT_URL"], "region_name": "us-east-1"},
-        }
-    )
-    os.environ.update(env)
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
-    )
+    os.environ.update(airflow_env(home))
+    venv_and_repo_on_path()
 
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
-
-    print(f"run_pipeline: embedded S3 on {env['AWS_ENDPOINT_URL']}; Airflow home {home}")
-    migrate_argv = [str(Path(sys.executable).parent / "airflow"), "db", "migrate"]
-    migrate = subprocess.Popen(migrate_argv, stdout=subprocess.DEVNULL)
-    _start_execution_api()  # meanwhile: both take seconds, the cores are otherwise idle
-    if migrate.wait() != 0:
-        raise subprocess.CalledProcessError(migrate.returncode, migrate_argv)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
+    with embedded_s3("embedded", "embedded-secret") as s3:
+        print(f"run_pipeline: embedded S3 on {s3.endpoint}; Airflow home {home}")
+        migrate = DbMigrate()
+        _start_execution_api()  # meanwhile: both take seconds, the cores are otherwise idle
+        migrate.wait()
         return _run(conf, out)
-    finally:
-        server.stop()
 
 
 def _start_execution_api() -> None:
@@ -118,7 +84,6 @@ def _start_execution_api() -> None:
 
 
 def _run(conf: dict, out: Path) -> int:
-    sys.path.insert(0, str(REPO))
     from airflow.sdk import DagRunState
 
     from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag

@@ -7,12 +7,15 @@ the numbers in them are consistent (positive rates, accuracies in [0, 1], times 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench import (
@@ -26,7 +29,7 @@ from bench import (
     train_throughput,
 )
 from bench.datasets import prepare_torchvision_root, stage_local_dataset
-from bench.report import md_table, run_horovod
+from bench.report import md_table, rank_env, run_horovod
 from tests.conftest import REPO
 
 
@@ -83,16 +86,57 @@ def test_run_horovod_raises_with_the_log_tail(tmp_path: Path) -> None:
         run_horovod(1, ["bench.no_such_module"], log=tmp_path / "x.log", timeout=300)
 
 
+def _processes_with(name: str, value: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment has ``name=value``."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(name) == value:
+                found.append(p)
+    return found
+
+
+@pytest.mark.slow
+def test_run_horovod_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
+    # The ranks' middlemen setsid() out of horovodrun's process group and, on horovodrun's
+    # death, signal only the rank itself: killing the group alone left each rank's helper
+    # process running. Every process of this run carries the token in its environment.
+    token = secrets.token_hex(8)
+    env = rank_env({"HVA_BENCH_TIMEOUT_TEST": token})
+    log = tmp_path / "sleep.log"
+    program = ["tests.programs.sleep_program", "600", "--helper"]
+    try:
+        with pytest.raises(RuntimeError, match=r"timed out after 20s \(horovodrun and all"):
+            run_horovod(2, program, log=log, timeout=20, env=env)
+        # All ranks and helpers were running when the timeout struck (else this proves
+        # nothing) ...
+        started = [json.loads(ln[ln.index("{") :]) for ln in log.read_text().splitlines()
+                   if '"event": "sleeping"' in ln]  # fmt: skip
+        pids = {pid for event in started for pid in event["pids"]}
+        assert len(pids) == 4, f"2 ranks + 2 helpers should start within 20 s:\n{log.read_text()}"
+        # ... and nothing of the run is left: no rank, helper, middleman or horovodrun.
+        left = _processes_with("HVA_BENCH_TIMEOUT_TEST", token)
+        assert not left, f"left running: {[(p.pid, p.cmdline()) for p in left]}"
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"{pid} runs"
+    finally:
+        for p in _processes_with("HVA_BENCH_TIMEOUT_TEST", token):  # a failed run's leftovers
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 @pytest.mark.parametrize(
     ("module", "argv", "message"),
     [
         (demo_baseline, ["rank", "--root", "r", "--epochs", "0"], "--epochs must be >= 1, got 0"),
         (demo_baseline, ["--train-samples", "-1"], "--train-samples must be >= 0"),
         (train_throughput, ["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
-        (time_to_accuracy, ["--np", "0"], "--np and --demo-epochs must be >= 1"),
+        (time_to_accuracy, ["--np", "0"], "--np must be an integer >= 1, got 0"),
+        (time_to_accuracy, ["--demo-epochs", "0"], "--demo-epochs must be an integer >= 1, got 0"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
         (pipeline_overhead, ["--repeat", "0"], "--repeat must be an integer >= 1, got 0"),
-        (one_epoch, ["--np", "0"], "--np must be >= 1, got 0"),
+        (one_epoch, ["--np", "0"], "--np must be an integer >= 1, got 0"),
         (precision, ["--np", "0"], "--np must be an integer >= 1, got 0"),
         (precision, ["--steps", "0"], "--steps must be an integer >= 1, got 0"),
         (profile_step, ["--steps", "0"], "--steps must be >= 1 and --warmup >= 0, got 0, 3"),

@@ -1,0 +1,94 @@
+"""What the benchmarks' drivers share: their common options and the run of a ``rank`` program.
+
+Each benchmark is one module: its driver (``main``) parses the options below, stages the
+vendored MNIST, and starts ``python -m bench.<name> rank ...`` in every Horovod rank
+(:func:`run_rank_program`); rank 0 writes its measurements to ``--result`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.datasets import prepare_torchvision_root, stage_local_dataset
+from bench.report import HorovodRun, default_ranks, rank_env, run_horovod
+
+NP_HELP = "Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
+
+
+def add_np_argument(parser: argparse.ArgumentParser, help: str = NP_HELP) -> None:
+    parser.add_argument("--np", type=int, default=None, help=help)
+
+
+def add_results_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+
+
+def ranks_from(parser: argparse.ArgumentParser, np: int | None) -> int:
+    """``--np``, or :func:`bench.report.default_ranks` when not given; < 1 is a usage error."""
+    ranks = default_ranks() if np is None else np
+    if ranks < 1:
+        parser.error(f"--np must be an integer >= 1, got {ranks}")
+    return ranks
+
+
+def require_positive(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]
+) -> None:
+    """A usage error naming the first of the integer options ``names`` that is below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must be an integer >= 1, got {getattr(args, name)}")
+
+
+def add_rank_parser(sub: Any, *, torchvision_root: bool = False) -> argparse.ArgumentParser:
+    """The ``rank`` subcommand that :func:`run_rank_program` starts in every rank: the staged
+    dataset (``--data``), the trainer's ``--output`` and ``--cache-dir``, rank 0's
+    ``--result`` file, and with ``torchvision_root`` the demo's ``--root`` too."""
+    rank: argparse.ArgumentParser = sub.add_parser(
+        "rank", help="the program each Horovod rank runs"
+    )
+    if torchvision_root:
+        rank.add_argument("--root", required=True, help="torchvision root holding MNIST/raw/")
+    rank.add_argument("--data", required=True, help="staged dataset folder (manifest.json)")
+    rank.add_argument("--output", required=True)
+    rank.add_argument("--cache-dir", default="")
+    rank.add_argument("--result", required=True, help="rank 0 writes its measurements here")
+    return rank
+
+
+def run_timeout(quick: bool) -> float:
+    """Seconds a benchmark's Horovod run may take before it is stopped."""
+    return 600 if quick else 3600
+
+
+def run_rank_program(
+    module: str,
+    np: int,
+    workdir: Path,
+    extra_args: Sequence[str],
+    *,
+    tag: str,
+    timeout: float,
+    torchvision_root: bool = False,
+) -> tuple[dict[str, Any], HorovodRun]:
+    """Run ``python -m <module> rank`` (:func:`add_rank_parser`) in ``np`` ranks on the
+    vendored MNIST staged under ``workdir``; return rank 0's result JSON and the run.
+
+    ``workdir/<tag>.json`` is the result file and ``workdir/<tag>.log`` the output.
+    """
+    staged = stage_local_dataset(workdir / "staged")
+    result = workdir / f"{tag}.json"
+    result.unlink(missing_ok=True)
+    args = [module, "rank", "--data", str(staged), "--result", str(result)]
+    args += ["--output", str(workdir / "unused-output"), "--cache-dir", str(workdir / "cache")]
+    if torchvision_root:
+        args += ["--root", str(prepare_torchvision_root(workdir / "torchvision-root"))]
+    args += list(extra_args)
+    run = run_horovod(np, args, log=workdir / f"{tag}.log", timeout=timeout, env=rank_env())
+    summary: dict[str, Any] = json.loads(result.read_text())
+    return summary, run
