@@ -17,6 +17,7 @@ from operators.serving import (
 from operators.staging import stage_dataset
 from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
 from trainer import layout, storage
+from trainer.contract import GATE
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_the_gate_rescores_a_champion_measured_on_other_data(s3_server, staged):
     assert "re-scored on this run's dataset " + info["content_hash"][:16] in decision.reason
     assert decision.champion_etag == read_latest(f"s3://{bucket}", "mnist_cnn", client=s3)[1]
     gate_json = json.loads(storage.read_text(f"{metrics['output']}/gate.json", client=s3))
-    assert gate_json == decision.as_dict()
+    assert gate_json == {"format": GATE.format, **decision.as_dict()}
 
 
 def test_the_gate_uses_the_stored_accuracy_on_the_same_data(s3_server, staged):
