@@ -6,6 +6,10 @@ Layout (``<bucket>/models/<model_name>/``)::
               training_curves.png, summary.md, manifest.json   # manifest written last
     latest.json        # points at the serving version; written last
 
+Every document read or written here follows its schema in ``trainer.contract`` (``LATEST``,
+``VERSION_MANIFEST``, ``GATE``, ``METRICS``, ``PARITY``); the version manifest records the
+preprocessing the model carries (from ``parity.json``).
+
 A version directory is complete before ``latest.json`` names it, so a reader that follows
 ``latest.json`` never sees a half-published model, and a failed or gated run never touches
 what serving uses. The version is named by the run (:func:`run_version`), so a retried
