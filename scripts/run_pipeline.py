@@ -124,7 +124,7 @@ def _run(conf: dict, out: Path) -> int:
     from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag
     from operators.model_registry import read_champion
     from trainer import storage
-    from trainer.contract import GATE, GATE_NAME, LATEST, LATEST_NAME, METRICS, METRICS_NAME
+    from trainer.contract import GATE, GATE_NAME, LATEST_NAME, METRICS, METRICS_NAME
 
     dag = retrain_dag
     start = time.monotonic()
@@ -157,7 +157,8 @@ def _run(conf: dict, out: Path) -> int:
         dest = out / "published" / latest["version"]
         for uri in storage.list_uris(latest["uri"], client=client):
             storage.download_file(uri, dest / uri.rsplit("/", 1)[-1], client=client)
-        storage.write_text(str(out / "published" / LATEST_NAME), LATEST.dumps(latest))
+        # a faithful copy of the document read (not re-stamped)
+        storage.write_text(str(out / "published" / LATEST_NAME), json.dumps(latest, indent=2))
         print(f"model: {latest['onnx_uri']} (version {latest['version']})")
         print(f"copied to {dest}/ (model.onnx, summary.md, training_curves.png, manifest.json)")
     else:
