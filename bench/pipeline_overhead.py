@@ -26,7 +26,6 @@ under it.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sqlite3
 import subprocess
@@ -39,7 +38,7 @@ from typing import Any
 
 from bench.datasets import stage_local_dataset
 from bench.report import REPO, machine, machine_line, md_table, rank_env, write_results
-from trainer.layout import CHECKPOINT_NAME, METRICS_NAME, PARITY_NAME
+from trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, PARITY, PARITY_NAME
 
 PIPELINE = REPO / "scripts" / "run_pipeline.py"
 DAG_ID = "mnist_horovod_retrain"
@@ -73,7 +72,7 @@ def task_durations(airflow_db: Path) -> tuple[list[dict[str, Any]], float | None
 
 def export_seconds(published: Path, workdir: Path) -> tuple[float, str]:
     """The exporter's own time: recorded in parity.json, else a standalone re-run's wall."""
-    parity = json.loads((published / PARITY_NAME).read_text())
+    parity = PARITY.loads((published / PARITY_NAME).read_text(), str(published / PARITY_NAME))
     for key in ("export_seconds", "seconds"):
         if isinstance(parity.get(key), int | float):
             return float(parity[key]), f"parity.json {key}"
@@ -126,7 +125,7 @@ def measure_once(
         if not versions:
             raise RuntimeError(f"the pipeline published nothing under {out / 'published'}")
         published = versions[0]
-        metrics = json.loads((published / METRICS_NAME).read_text())
+        metrics = METRICS.loads((published / METRICS_NAME).read_text(), str(published))
         export_s, export_source = export_seconds(published, Path(out))
     dag_wall = dag_seconds or pipeline["dag_test_seconds_printed"]
     if dag_wall is None:

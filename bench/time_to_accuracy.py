@@ -41,7 +41,7 @@ from bench.report import (
     run_horovod,
     write_results,
 )
-from trainer.layout import METRICS_NAME
+from trainer.contract import METRICS, METRICS_NAME
 
 TARGET_SPEEDUP = 10.0
 
@@ -60,7 +60,7 @@ def run_ours(
     args += extra_args or []
     env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache")})
     run = run_horovod(np, args, log=workdir / "ours.log", timeout=timeout, env=env)
-    metrics = json.loads((output / METRICS_NAME).read_text())
+    metrics = METRICS.loads((output / METRICS_NAME).read_text(), str(output / METRICS_NAME))
     ended = {int(e["epoch"]): (t, e) for t, e in json_events(run, "epoch")}
     epochs = []
     for h in metrics["history"]:

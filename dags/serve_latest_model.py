@@ -6,8 +6,9 @@ Scheduled on the `mnist_cnn_latest` Asset (the `latest.json` that
 event that triggered the run (its `extra`), so a later publish cannot swap the model under
 it; a manual run, which has no event, uses the version `latest.json` names now. It
 downloads that model, checks its sha256 against the version's `manifest.json` and the event,
-runs onnxruntime on a few real MNIST test images and logs the predictions. Needs onnxruntime
-and numpy on the worker — no torch.
+runs onnxruntime on a few real MNIST test images, preprocessed as the model's own metadata says
+(a model without it is refused, never served with guessed numbers), and logs the
+predictions. Needs onnxruntime and numpy on the worker — no torch.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from operators.exceptions import HorovodTrainingError
 from operators.job import HorovodJobOperatorBase, is_templated
 from operators.launchers.base import JobSpec
-from trainer.layout import ONNX_NAME, PARITY_NAME
+from trainer.contract import ONNX_NAME, PARITY, PARITY_NAME, ContractError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -108,10 +108,10 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         from trainer import storage
 
         parity_uri = storage.join(self.output_uri, PARITY_NAME)
-        parity = self.read_json(parity_uri, PARITY_NAME)
-        missing = [k for k in ("max_abs_diff", "argmax_mismatches", "passed") if k not in parity]
-        if missing:
-            raise HorovodTrainingError(f"parity.json at {parity_uri} lacks {missing}")
+        try:
+            parity = PARITY.check(self.read_json(parity_uri, PARITY_NAME), parity_uri)
+        except ContractError as e:
+            raise HorovodTrainingError(str(e)) from e
         result = {
             "onnx_uri": storage.join(self.output_uri, ONNX_NAME),
             "parity_uri": parity_uri,

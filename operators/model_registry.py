@@ -6,6 +6,10 @@ Layout (``<bucket>/models/<model_name>/``)::
               training_curves.png, summary.md, manifest.json   # manifest written last
     latest.json        # points at the serving version; written last
 
+Every document read or written here follows its schema in ``trainer.contract`` (``LATEST``,
+``VERSION_MANIFEST``, ``GATE``, ``METRICS``, ``PARITY``); the version manifest records the
+preprocessing the model carries (from ``parity.json``).
+
 A version directory is complete before ``latest.json`` names it, so a reader that follows
 ``latest.json`` never sees a half-published model, and a failed or gated run never touches
 what serving uses. The version is named by the run (:func:`run_version`), so a retried
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import re
 import tempfile
@@ -31,21 +34,27 @@ from typing import Any
 
 from operators.exceptions import ChampionChangedError, PublishRefusedError
 from trainer import storage
-from trainer.layout import (
+from trainer.contract import (
     CHECKPOINT_NAME,
     CURVES_NAME,
+    GATE,
     GATE_NAME,
+    LATEST,
     LATEST_NAME,
+    METRICS,
     METRICS_NAME,
     ONNX_NAME,
+    PARITY,
     PARITY_NAME,
     SUMMARY_NAME,
+    VERSION_MANIFEST,
     VERSION_MANIFEST_NAME,
+    ContractError,
+    check_preprocessing,
 )
 
 log = logging.getLogger(__name__)
 
-FORMAT = "horovod-airflow/model-v1"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: Characters of the readable part of a key, and of the hash of the exact value after it.
 KEY_READABLE_CHARS = 80
@@ -83,7 +92,8 @@ def read_latest(
     """``latest.json`` and its ETag, read in one request; ``(None, None)`` before any publish.
 
     The ETag is what a later publish conditions its write on (:func:`write_latest`). For a
-    local registry folder it is the sha256 of the file's bytes.
+    local registry folder it is the sha256 of the file's bytes. The document is checked
+    against ``trainer.contract.LATEST`` (:class:`ContractError` when it breaks it).
     """
     uri = latest_uri(bucket_uri, model_name)
     loc = storage.parse(uri)
@@ -92,7 +102,7 @@ def read_latest(
         if not path.is_file():
             return None, None
         data = path.read_bytes()
-        return json.loads(data), storage.sha256_bytes(data)
+        return LATEST.loads(data, uri), storage.sha256_bytes(data)
     from botocore.exceptions import ClientError
 
     s3 = client if client is not None else storage.s3_client()
@@ -102,7 +112,7 @@ def read_latest(
         if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None, None
         raise storage.StorageError(f"cannot read {uri}: {e}") from e
-    return json.loads(response["Body"].read()), str(response["ETag"])
+    return LATEST.loads(response["Body"].read(), uri), str(response["ETag"])
 
 
 def read_champion(bucket_uri: str, model_name: str, *, client: Any | None = None) -> dict | None:
@@ -127,7 +137,7 @@ def write_latest(
     :class:`ChampionChangedError` when the condition fails; nothing is overwritten then.
     """
     uri = latest_uri(bucket_uri, model_name)
-    body = json.dumps(document, indent=2).encode("utf-8")
+    body = LATEST.dumps(document).encode("utf-8")
     loc = storage.parse(uri)
     if not loc.is_s3:
         import fcntl
@@ -331,7 +341,13 @@ def gate_challenger(
 
         try:
             rescored = score_published_model(champion, dataset["uri"], client=client)["accuracy"]
-        except (ModelIntegrityError, storage.StorageError, layout.DatasetError, KeyError) as e:
+        except (
+            ModelIntegrityError,
+            ContractError,  # e.g. a champion published before models carried preprocessing
+            storage.StorageError,
+            layout.DatasetError,
+            KeyError,
+        ) as e:
             log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)
     decision = decide_gate(
         metrics[metric_key],
@@ -344,7 +360,7 @@ def gate_challenger(
     )
     storage.write_text(
         storage.join(metrics["output"], GATE_NAME),
-        json.dumps(decision.as_dict(), indent=2),
+        GATE.dumps(decision.as_dict()),
         client=client,
     )
     log.info("gate %s: %s", "PASSED" if decision.passed else "FAILED", decision.reason)
@@ -475,7 +491,7 @@ def run_version(dag_id: str, run_id: str, run_after: datetime | None = None) -> 
 def _latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -> dict[str, Any]:
     """What ``latest.json`` says about a published version, all of it from its manifest."""
     return {
-        "format": FORMAT,
+        "format": LATEST.format,
         "model": manifest["model"],
         "version": manifest["version"],
         "uri": prefix,
@@ -535,7 +551,9 @@ def publish_model(
         return current
 
     if storage.exists(manifest_uri, client=client):
-        manifest = json.loads(storage.read_text(manifest_uri, client=client))
+        manifest = VERSION_MANIFEST.loads(
+            storage.read_text(manifest_uri, client=client), manifest_uri
+        )
         if manifest.get("dag_run_id") != dag_run_id or manifest.get("source_run") != run_output:
             raise PublishRefusedError(
                 f"refusing to publish: {prefix} already holds the model of run "
@@ -556,7 +574,7 @@ def publish_model(
             dag_run_id=dag_run_id,
             client=client,
         )
-        storage.write_text(manifest_uri, json.dumps(manifest, indent=2), client=client)
+        storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
 
     latest = _latest_document(manifest, manifest_uri, prefix)
     # Last, and only over the champion the gate compared against: readers following
@@ -591,10 +609,14 @@ def _copy_version(
 ) -> dict[str, Any]:
     """Copy the run's files under ``prefix`` and return the manifest (not yet written)."""
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
-    metrics = json.loads(storage.read_text(storage.join(run_output, METRICS_NAME), client=client))
-    parity = json.loads(storage.read_text(parity_uri, client=client))
-    if not parity.get("passed"):
+    metrics_uri = storage.join(run_output, METRICS_NAME)
+    metrics = METRICS.loads(storage.read_text(metrics_uri, client=client), metrics_uri)
+    if "val_accuracy" not in metrics:
+        raise ContractError(f"{metrics_uri}: a published model's metrics need 'val_accuracy'")
+    parity = PARITY.loads(storage.read_text(parity_uri, client=client), parity_uri)
+    if not parity["passed"]:
         raise PublishRefusedError(f"refusing to publish: ONNX parity failed ({parity})")
+    preprocessing = check_preprocessing(parity["preprocessing"], f"{parity_uri} preprocessing")
     sources = {
         ONNX_NAME: onnx_uri,
         CHECKPOINT_NAME: metrics.get("artifacts", {}).get("checkpoint")
@@ -631,7 +653,7 @@ def _copy_version(
             }
     final = {k: metrics.get(k) for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
     return {
-        "format": FORMAT,
+        "format": VERSION_MANIFEST.format,
         "model": model_name,
         "version": version,
         "files": files,
@@ -640,6 +662,7 @@ def _copy_version(
         "epochs": metrics.get("epochs"),
         "world_size": metrics.get("world_size"),
         "versions": metrics.get("versions", {}),
+        "preprocessing": preprocessing,  # what the model's ONNX metadata carries
         "gate": gate,
         "source_run": run_output,
         "dag_run_id": dag_run_id,

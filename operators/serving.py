@@ -2,11 +2,14 @@
 
 Also used by the gate to re-score the champion on a challenger's dataset, so that the two
 accuracies it compares were measured on the same data.
+
+The input normalization is never a constant here: the model carries it (the ONNX metadata
+property ``trainer.contract.PREPROCESSING_KEY``), the version manifest records the same
+document, and a model without it is refused (:class:`trainer.contract.ContractError`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from pathlib import Path
@@ -16,12 +19,11 @@ import numpy as np
 
 from operators.model_registry import read_champion
 from operators.staging import VENDORED_MNIST
-from trainer import layout, storage
+from trainer import contract, layout, storage
+from trainer.contract import LATEST_NAME, ONNX_NAME, VERSION_MANIFEST
 
 log = logging.getLogger(__name__)
 
-# Fallbacks for models exported without normalization metadata.
-_DEFAULT_MEAN, _DEFAULT_STD = 0.1307, 0.3081
 _BATCH = 1000
 
 
@@ -62,13 +64,16 @@ def open_published_model(
 
     ``published`` is a ``latest.json`` document or the ``extra`` of its Asset event (both
     name ``manifest_uri``, ``onnx_uri`` and ``onnx_sha256``). The downloaded file must match
-    the version manifest and, when given, the document's own ``onnx_sha256``.
+    the version manifest and, when given, the document's own ``onnx_sha256``; the model must
+    carry its preprocessing (:func:`model_preprocessing`), equal to the one the manifest
+    records.
     """
     import onnxruntime as ort
 
-    manifest = json.loads(storage.read_text(published["manifest_uri"], client=client))
-    expected = manifest["files"][layout.ONNX_NAME]["sha256"]
-    path = storage.download_file(published["onnx_uri"], workdir / layout.ONNX_NAME, client=client)
+    manifest_uri = published["manifest_uri"]
+    manifest = VERSION_MANIFEST.loads(storage.read_text(manifest_uri, client=client), manifest_uri)
+    expected = manifest["files"][ONNX_NAME]["sha256"]
+    path = storage.download_file(published["onnx_uri"], workdir / ONNX_NAME, client=client)
     actual = storage.sha256_file(path)
     claimed = published.get("onnx_sha256", expected)
     if actual != expected or claimed != expected:
@@ -76,19 +81,34 @@ def open_published_model(
             f"{published['onnx_uri']}: sha256 {actual}, manifest {published['manifest_uri']} "
             f"says {expected}, the published record says {claimed}"
         )
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    carried = model_preprocessing(session, published["onnx_uri"])
+    recorded = manifest.get("preprocessing")
+    if recorded is not None and recorded != carried:
+        raise ModelIntegrityError(
+            f"{published['onnx_uri']} carries preprocessing {carried}, but {manifest_uri} "
+            f"records {recorded}"
+        )
+    return session
 
 
-def predict(session: Any, images: np.ndarray) -> np.ndarray:
-    """Predicted classes of uint8 images [N, 28, 28], normalized as the model's metadata says."""
-    meta = session.get_modelmeta().custom_metadata_map
-    mean = float(meta.get("normalize_mean", _DEFAULT_MEAN))
-    std = float(meta.get("normalize_std", _DEFAULT_STD))
-    name = session.get_inputs()[0].name
+def model_preprocessing(session: Any, source: str) -> dict[str, Any]:
+    """The preprocessing an onnxruntime session's model carries; ContractError if none."""
+    meta = dict(session.get_modelmeta().custom_metadata_map)
+    return contract.preprocessing_from_metadata(meta, source)
+
+
+def predict(session: Any, raw: np.ndarray) -> np.ndarray:
+    """Predicted class indices of raw samples (e.g. uint8 images), preprocessed as the model says.
+
+    Raises :class:`trainer.contract.ContractError` when the model carries no preprocessing.
+    """
+    pre = model_preprocessing(session, "the served model")
     out = []
-    for start in range(0, len(images), _BATCH):
-        x = ((images[start : start + _BATCH].astype(np.float32) / 255.0 - mean) / std)[:, None]
-        out.append(session.run(None, {name: x})[0].argmax(axis=1))
+    for start in range(0, len(raw), _BATCH):
+        x = contract.apply_preprocessing(pre, raw[start : start + _BATCH])
+        logits = session.run([pre["output_name"]], {pre["input_name"]: x})[0]
+        out.append(logits.argmax(axis=1))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
@@ -144,13 +164,13 @@ def smoke_test_published_model(
     """
     source = "asset event"
     if published is None:
-        source = layout.LATEST_NAME
+        source = LATEST_NAME
         published = read_champion(bucket_uri, model_name, client=client)
         if published is None:
             raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
     with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
-        actual = storage.sha256_file(Path(tmp) / layout.ONNX_NAME)
+        actual = storage.sha256_file(Path(tmp) / ONNX_NAME)
     images, labels = load_test_images(sample_count)
     predictions = predict(session, images)
     correct = int((predictions == labels).sum())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from trainer.layout import LATEST_NAME
+from trainer.contract import LATEST_NAME
 
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")

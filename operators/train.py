@@ -23,7 +23,7 @@ from operators.command import (
 from operators.exceptions import HorovodConfigError, HorovodTrainingError, TrainingCompletedError
 from operators.job import HorovodJobOperatorBase, as_int, is_templated
 from operators.launchers.base import JobSpec
-from trainer.layout import CHECKPOINT_NAME, METRICS_NAME
+from trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, ContractError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -248,7 +248,12 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         from trainer import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
-        metrics = self.read_json(metrics_uri, METRICS_NAME)
+        try:
+            metrics = METRICS.check(self.read_json(metrics_uri, METRICS_NAME), metrics_uri)
+        except ContractError as e:
+            raise HorovodTrainingError(
+                f"{e} (see docs/design.md, training-program contract)"
+            ) from e
         if self.metric_key not in metrics:
             raise HorovodTrainingError(
                 f"metrics.json at {metrics_uri} has no {self.metric_key!r} (metric_key); "

@@ -89,7 +89,7 @@ def _run(conf: dict, out: Path) -> int:
     from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag
     from operators.model_registry import read_champion
     from trainer import storage
-    from trainer.layout import GATE_NAME, LATEST_NAME, METRICS_NAME
+    from trainer.contract import GATE, GATE_NAME, LATEST_NAME, METRICS, METRICS_NAME
 
     dag = retrain_dag
     start = time.monotonic()
@@ -105,7 +105,9 @@ def _run(conf: dict, out: Path) -> int:
     metrics_uris = [u for u in storage.list_uris(run_prefix, client=client)
                     if u.endswith("/" + METRICS_NAME)]  # fmt: skip
     if metrics_uris:
-        metrics = json.loads(storage.read_text(metrics_uris[-1], client=client))
+        metrics = METRICS.loads(
+            storage.read_text(metrics_uris[-1], client=client), metrics_uris[-1]
+        )
         print(
             f"\naccuracy (allreduced over {metrics['world_size']} ranks): "
             f"{metrics['val_accuracy']:.4%} ({metrics['val_correct']}/{metrics['val_samples']}) "
@@ -113,13 +115,14 @@ def _run(conf: dict, out: Path) -> int:
         )
         gate_uri = storage.join(metrics_uris[-1].rsplit("/", 1)[0], GATE_NAME)
         if storage.exists(gate_uri, client=client):
-            gate = json.loads(storage.read_text(gate_uri, client=client))
+            gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
             print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'} — {gate['reason']}")
     latest = read_champion(BUCKET_URI, MODEL_NAME, client=client)
     if latest:
         dest = out / "published" / latest["version"]
         for uri in storage.list_uris(latest["uri"], client=client):
             storage.download_file(uri, dest / uri.rsplit("/", 1)[-1], client=client)
+        # a faithful copy of the document read (not re-stamped)
         storage.write_text(str(out / "published" / LATEST_NAME), json.dumps(latest, indent=2))
         print(f"model: {latest['onnx_uri']} (version {latest['version']})")
         print(f"copied to {dest}/ (model.onnx, summary.md, training_curves.png, manifest.json)")

@@ -1,21 +1,31 @@
-"""Every run and registry file name has one home, ``trainer/layout.py``: a string literal that
-names one of them anywhere else in the code (trainer, operators, DAGs, scripts, benchmarks)
-fails here, so the trainer and the operators cannot drift apart."""
+"""Every run and registry file name, every ``format`` string of a file both sides exchange and
+the ONNX preprocessing metadata key have one home, ``trainer/contract.py``: a string literal
+that spells one of them anywhere else in the code (trainer, operators, DAGs, scripts,
+benchmarks) fails here, and so does any other ``horovod-airflow/<thing>-v<N>`` format
+invented outside it, so the trainer and the operators cannot drift apart."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-from trainer import layout
+from trainer import contract, layout
 
 REPO = Path(__file__).resolve().parents[1]
-HOME = REPO / "trainer" / "layout.py"
+HOME = REPO / "trainer" / "contract.py"
 NAMES = {
-    getattr(layout, n)
-    for n in dir(layout)
-    if n.endswith("_NAME") and isinstance(getattr(layout, n), str)
+    getattr(contract, n)
+    for n in dir(contract)
+    if n.endswith("_NAME") and isinstance(getattr(contract, n), str)
 }
+SCHEMAS = [v for v in vars(contract).values() if isinstance(v, contract.Schema)]
+FORMATS = {
+    *(f for schema in SCHEMAS for f in schema.supported),
+    *(getattr(contract, n) for n in dir(contract) if n.endswith("_FORMAT")),
+}
+KEYS = {contract.PREPROCESSING_KEY}
+FORMAT_LIKE = re.compile(r"horovod-airflow/[a-z-]+-v[0-9]+")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -35,7 +45,11 @@ def _literals(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
             value = node.value
-            if any(value == n or value.endswith("/" + n) for n in NAMES):
+            if (
+                any(value == n or value.endswith("/" + n) for n in NAMES)
+                or value in FORMATS | KEYS
+                or FORMAT_LIKE.fullmatch(value)
+            ):
                 found.append((node.lineno, value))
     return sorted(found)
 
@@ -44,6 +58,16 @@ def test_the_names_are_the_ones_the_contract_lists():
     expected = {"checkpoint.pt", "metrics.json", "model.onnx", "parity.json", "gate.json",
                 "manifest.json", "latest.json", "training_curves.png", "summary.md"}  # fmt: skip
     assert expected <= NAMES
+    assert {s.name for s in SCHEMAS} >= {"metrics.json", "parity.json", "gate.json",
+                                         "manifest.json", "latest.json"}  # fmt: skip
+    assert all(FORMAT_LIKE.fullmatch(f) for f in FORMATS), FORMATS
+    assert len({s.format for s in SCHEMAS}) == len(SCHEMAS)  # one format per schema
+
+
+def test_layout_re_exports_the_contract_names_and_defines_none():
+    for name in ("METRICS_NAME", "MANIFEST_NAME", "ONNX_NAME", "LATEST_NAME"):
+        assert getattr(layout, name) is getattr(contract, name)
+    assert layout.FORMAT == contract.DATASET_FORMAT
 
 
 def test_no_artifact_name_is_spelled_outside_its_home():
@@ -52,10 +76,20 @@ def test_no_artifact_name_is_spelled_outside_its_home():
     assert len(files) > 20
     offenders = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in files
                  for line, value in _literals(p)]  # fmt: skip
-    assert not offenders, "name these with trainer.layout's constants:\n" + "\n".join(offenders)
+    assert not offenders, "name these with trainer.contract's constants:\n" + "\n".join(offenders)
 
 
 def test_the_check_finds_a_spelled_name(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('"""Reads metrics.json."""\nuri = base + "/metrics.json"\nx = "gate.json"\n')
-    assert _literals(sample) == [(2, "/metrics.json"), (3, "gate.json")]
+    sample.write_text(
+        '"""Reads metrics.json."""\nuri = base + "/metrics.json"\nx = "gate.json"\n'
+        f"f = {contract.METRICS.format!r}\nk = {contract.PREPROCESSING_KEY!r}\n"
+        'new = "horovod-airflow/thing-v3"\nlabel = "horovod-airflow/job"\n'
+    )
+    assert _literals(sample) == [
+        (2, "/metrics.json"),
+        (3, "gate.json"),
+        (4, contract.METRICS.format),
+        (5, contract.PREPROCESSING_KEY),
+        (6, "horovod-airflow/thing-v3"),
+    ]

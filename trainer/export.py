@@ -2,27 +2,28 @@
 
 ``python -m trainer export --checkpoint URI --output URI [--data URI] [--samples N]`` writes
 ``<output>/model.onnx`` (dynamic batch axis, weights embedded — no ``.onnx.data`` sidecar)
-and ``<output>/parity.json``. Parity: onnxruntime and PyTorch (float32, eval mode) on held-out
-test images; the export fails — exit 1, no ``model.onnx`` written — when any logit differs by
-more than ``TOLERANCE`` or any predicted class differs.
+and ``<output>/parity.json`` (``trainer.contract.PARITY``). Parity: onnxruntime and PyTorch
+(float32, eval mode) on held-out test images; the export fails — exit 1, no ``model.onnx``
+written — when any logit differs by more than ``TOLERANCE`` or any predicted class differs.
 
 The model input is ``image``: float32 ``[batch, 1, 28, 28]``, ``(pixel / 255 - mean) / std``
-with mean/std from ``trainer.model`` (also stored in the ONNX metadata); the output is
-``logits`` ``[batch, 10]``.
+with mean/std from ``trainer.model``; the output is ``logits`` ``[batch, 10]``. The model
+carries that preprocessing (``trainer.model.preprocessing()``) as the JSON of its ONNX
+metadata property ``trainer.contract.PREPROCESSING_KEY``, and ``parity.json`` records it too,
+so serving reads it from the model instead of repeating the numbers.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from trainer import data, storage
+from trainer import contract, data, storage
 from trainer.config import TrainConfig
-from trainer.layout import ONNX_NAME, PARITY_NAME
-from trainer.model import INPUT_SHAPE, NORMALIZE_MEAN, NORMALIZE_STD, build_model
+from trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
+from trainer.model import INPUT_NAME, INPUT_SHAPE, OUTPUT_NAME, build_model, preprocessing
 from trainer.train import load_checkpoint
 
 TOLERANCE = 1e-4
@@ -44,8 +45,8 @@ def export_onnx(model: Any, path: Path, metadata: dict[str, str]) -> None:
         str(path),
         dynamo=True,
         external_data=False,  # one self-contained file, no .onnx.data sidecar
-        input_names=["image"],
-        output_names=["logits"],
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
         dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
     )
     proto = onnx.load(str(path))
@@ -65,8 +66,8 @@ def parity(model: Any, onnx_path: Path, images: Any, labels: Any) -> dict[str, A
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     with torch.inference_mode():
         expected = model(images).float().numpy()
-    got = session.run(["logits"], {"image": images.numpy()})[0]
-    single = session.run(["logits"], {"image": images[:1].numpy()})[0]
+    got = session.run([OUTPUT_NAME], {INPUT_NAME: images.numpy()})[0]
+    single = session.run([OUTPUT_NAME], {INPUT_NAME: images[:1].numpy()})[0]
     diff = float(max(np.abs(got - expected).max(), np.abs(single - expected[:1]).max()))
     mismatches = int((got.argmax(1) != expected.argmax(1)).sum())
     return {
@@ -96,13 +97,11 @@ def run_export(
     dataset = data.fetch_dataset(data_uri or state["dataset"]["uri"], cache_dir)
     images, labels = data.load_split(dataset, "test", samples)
     torch.manual_seed(0)
+    pre = preprocessing()
     metadata = {
+        **contract.preprocessing_metadata(pre),
         "producer": "horovod-airflow trainer",
         "model": config.model,
-        "input": "image: float32 [batch, 1, 28, 28], (pixel / 255 - mean) / std",
-        "output": "logits: float32 [batch, 10]",
-        "normalize_mean": str(NORMALIZE_MEAN),
-        "normalize_std": str(NORMALIZE_STD),
         "checkpoint": checkpoint,
         "epoch": str(state["epoch"]),
         "dataset_content_hash": str(state["dataset"]["content_hash"]),
@@ -121,8 +120,9 @@ def run_export(
             model_uri=storage.join(output, ONNX_NAME),
             # load + export + parity check, the exporter's own time (bench/pipeline_overhead)
             export_seconds=round(time.perf_counter() - start, 3),
+            preprocessing=pre,
         )
-        storage.write_text(storage.join(output, PARITY_NAME), json.dumps(report, indent=2))
+        storage.write_text(storage.join(output, PARITY_NAME), PARITY.dumps(report))
         if not report["passed"]:
             raise ParityError(
                 f"ONNX parity failed on {report['samples']} test images: max |diff| "

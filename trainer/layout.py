@@ -18,7 +18,8 @@ A staged dataset is a folder (S3 prefix or local path) of MNIST-format IDX files
 
 The content hash names the staged prefix (``datasets/<name>/<content_hash[:16]>/``), so an
 unchanged dataset is never uploaded twice and a trained model can say exactly which data it
-saw. Importable without torch and without Airflow.
+saw. Importable without torch and without Airflow. The file names and formats of both sides
+live in :mod:`trainer.contract`.
 """
 
 from __future__ import annotations
@@ -31,22 +32,24 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from trainer.contract import (  # noqa: F401  (re-exported)
+    CHECKPOINT_NAME,
+    CURVES_NAME,
+    DATASET_FORMAT,
+    GATE_NAME,
+    LATEST_NAME,
+    MANIFEST_NAME,
+    METRICS_NAME,
+    ONNX_NAME,
+    PARITY_NAME,
+    SUMMARY_NAME,
+    VERSION_MANIFEST_NAME,
+)
 from trainer.storage import sha256_file
 
-FORMAT = "horovod-airflow/dataset-v1"
-MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
-
-# The files of a run and of a published version, the one home of their names for both sides
-# (the trainer writes them; operators, DAGs and benchmarks read and copy them).
-CHECKPOINT_NAME = "checkpoint.pt"  # written by rank 0 after each epoch
-METRICS_NAME = "metrics.json"  # written by rank 0 at the end: the allreduced metrics
-ONNX_NAME = "model.onnx"  # written by the export, only when parity holds
-PARITY_NAME = "parity.json"  # written by the export: onnxruntime against PyTorch
-GATE_NAME = "gate.json"  # the gate's decision, next to metrics.json
-VERSION_MANIFEST_NAME = "manifest.json"  # a published version's files, sha256 and metrics
-LATEST_NAME = "latest.json"  # the registry's pointer to the version serving uses
-CURVES_NAME = "training_curves.png"  # a published version's loss and accuracy curves
-SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
+# The file names and formats live in trainer.contract; these names are re-exported for the
+# callers of trainer.layout (new code imports them from trainer.contract).
+FORMAT = DATASET_FORMAT
 SPLITS = ("train", "test")
 # The four files of an MNIST-format dataset, by (split, kind); the names torchvision uses.
 STEMS = {
@@ -175,8 +178,12 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
         m = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise DatasetError(f"{MANIFEST_NAME}: 'format' must be {FORMAT!r}")
+    found = m.get("format") if isinstance(m, dict) else None
+    if found != FORMAT:
+        raise DatasetError(
+            f"dataset {MANIFEST_NAME}: format {found!r}; supported: {FORMAT} (restage the "
+            "dataset with this release)"
+        )
     files = m.get("files")
     if not isinstance(files, list) or not files:
         raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")

@@ -2,13 +2,17 @@
 
 Add a model by writing its ``nn.Module`` and one ``MODELS`` entry; the training loop, export
 and evaluation only see ``build_model(name)``. Input: float32 [N, 1, 28, 28] normalized with
-``NORMALIZE_MEAN``/``NORMALIZE_STD`` (the same numbers go into the ONNX metadata).
+``NORMALIZE_MEAN``/``NORMALIZE_STD``; :func:`preprocessing` describes that input in the
+contract's terms, and the export stores it in the ONNX file, so serving never repeats these
+numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from trainer import contract
 
 if TYPE_CHECKING:
     from torch import nn
@@ -18,6 +22,22 @@ NORMALIZE_MEAN = 0.1307
 NORMALIZE_STD = 0.3081
 INPUT_SHAPE = (1, 28, 28)
 NUM_CLASSES = 10
+INPUT_NAME, OUTPUT_NAME = "image", "logits"
+
+
+def preprocessing() -> dict[str, Any]:
+    """The input every model here expects, as the contract's preprocessing document."""
+    return contract.preprocessing(
+        input_name=INPUT_NAME,
+        input_shape=INPUT_SHAPE,
+        dtype="float32",
+        channel_axis=0,
+        scale=1 / 255,
+        mean=[NORMALIZE_MEAN],
+        std=[NORMALIZE_STD],
+        output_name=OUTPUT_NAME,
+        labels=[str(digit) for digit in range(NUM_CLASSES)],
+    )
 
 
 def mnist_cnn() -> nn.Module:

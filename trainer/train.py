@@ -25,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import data, storage
 from trainer.config import ConfigError, TrainConfig, lr_at
-from trainer.layout import CHECKPOINT_NAME, METRICS_NAME, DatasetError, DatasetIntegrityError
+from trainer.contract import CHECKPOINT_FORMAT, CHECKPOINT_NAME, METRICS, METRICS_NAME
+from trainer.layout import DatasetError, DatasetIntegrityError
 from trainer.model import build_model
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"
 
 
 class TrainingError(RuntimeError):
@@ -771,6 +770,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         digest = check_ranks_agree(model, rt, "after resuming a finished run")
 
     metrics = {
+        "format": METRICS.format,
         **evaluation,
         "epochs": len(history),
         "stopped_at_target": target_reached(history, config.target_accuracy)
@@ -793,7 +793,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         "artifacts": {"checkpoint": ckpt_uri, "metrics": metrics_uri},
     }
     if rt.is_primary:
-        storage.write_text(metrics_uri, json.dumps(metrics, indent=2))
+        storage.write_text(metrics_uri, METRICS.dumps(metrics))
         final = {k: metrics[k] for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
         final.update(
             epochs=metrics["epochs"],

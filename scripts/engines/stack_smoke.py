@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: its registry layout
 from operators.model_registry import latest_uri
 from operators.settings import MODEL_NAME
-from trainer.layout import ONNX_NAME
+from trainer.contract import LATEST, ONNX_NAME, VERSION_MANIFEST
 
 RETRAIN_DAG = "mnist_horovod_retrain"
 SERVE_DAG = "mnist_serve_latest_model"
@@ -206,11 +206,14 @@ def read_object(s3: Any, uri: str) -> bytes:
 def read_published(env: dict[str, str]) -> dict[str, Any]:
     """latest.json, the version's manifest and the sha256 of the ONNX file it names."""
     s3 = s3_client(env)
-    latest = json.loads(read_object(s3, latest_uri(f"s3://{env['HVA_BUCKET']}", MODEL_NAME)))
+    uri = latest_uri(f"s3://{env['HVA_BUCKET']}", MODEL_NAME)
+    latest = LATEST.loads(read_object(s3, uri), uri)
     onnx = read_object(s3, latest["onnx_uri"])
     return {
         "latest": latest,
-        "manifest": json.loads(read_object(s3, latest["manifest_uri"])),
+        "manifest": VERSION_MANIFEST.loads(
+            read_object(s3, latest["manifest_uri"]), latest["manifest_uri"]
+        ),
         "onnx_sha256": hashlib.sha256(onnx).hexdigest(),
         "onnx_bytes": len(onnx),
     }

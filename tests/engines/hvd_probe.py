@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if rank == 0:
         from trainer import storage
+        from trainer.contract import METRICS, METRICS_NAME
 
         expected = size * (size + 1) / 2
         metrics = {
@@ -70,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             "hosts": hosts,
             "data": args.data,
         }
-        uri = storage.join(args.output, "metrics.json")
-        storage.write_bytes(uri, json.dumps(metrics, indent=2).encode())
+        uri = storage.join(args.output, METRICS_NAME)
+        storage.write_bytes(uri, METRICS.dumps(metrics).encode())
         print(json.dumps({"event": "final_metrics", **metrics}), flush=True)
     return 0
 

@@ -61,11 +61,17 @@ class TaskLog:
         return self._seen
 
 
-def linear_onnx_model(weights: Any, bias: Any) -> bytes:
-    """A real ONNX classifier ``image [N,1,28,28] → logits [N,10]`` (Flatten + Gemm), no torch."""
+def linear_onnx_model(weights: Any, bias: Any, *, preprocessing: bool = True) -> bytes:
+    """A real ONNX classifier ``image [N,1,28,28] → logits [N,10]`` (Flatten + Gemm), no torch.
+
+    It carries the trainer's preprocessing metadata unless ``preprocessing=False``.
+    """
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
+
+    from trainer import contract
+    from trainer.model import preprocessing as mnist_preprocessing
 
     w = numpy_helper.from_array(np.asarray(weights, dtype=np.float32), "W")
     b = numpy_helper.from_array(np.asarray(bias, dtype=np.float32), "B")
@@ -81,6 +87,10 @@ def linear_onnx_model(weights: Any, bias: Any) -> bytes:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    if preprocessing:
+        for key, value in contract.preprocessing_metadata(mnist_preprocessing()).items():
+            entry = model.metadata_props.add()
+            entry.key, entry.value = key, value
     onnx.checker.check_model(model)
     return bytes(model.SerializeToString())
 
@@ -89,7 +99,10 @@ def centroid_classifier(images: Any, labels: Any) -> tuple[Any, Any]:
     """Weights and bias of a nearest-centroid classifier (normalized pixels), as a Gemm."""
     import numpy as np
 
-    x = ((images.astype(np.float32) / 255.0 - 0.1307) / 0.3081).reshape(len(images), -1)
+    from trainer import contract
+    from trainer.model import preprocessing
+
+    x = contract.apply_preprocessing(preprocessing(), images).reshape(len(images), -1)
     centroids = np.stack([x[labels == c].mean(axis=0) for c in range(10)])
     # argmin |x - c|^2 = argmax (x·c - |c|^2 / 2)
     return centroids.T, -0.5 * (centroids**2).sum(axis=1)
@@ -176,14 +189,18 @@ def put_run_artifacts(
     Returns the XComs of the train and export tasks, as those operators return them.
     """
     from trainer import storage
+    from trainer.contract import METRICS, PARITY
+    from trainer.model import preprocessing
 
     storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
     history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
     metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
                "history": history}  # fmt: skip
-    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=s3)
+    storage.write_text(f"{run}/metrics.json", METRICS.dumps(metrics), client=s3)
     storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
-    storage.write_text(f"{run}/onnx/parity.json", json.dumps({"passed": True}), client=s3)
+    parity = {"passed": True, "max_abs_diff": 0.0, "argmax_mismatches": 0, "samples": 10,
+              "tolerance": 1e-4, "preprocessing": preprocessing()}  # fmt: skip
+    storage.write_text(f"{run}/onnx/parity.json", PARITY.dumps(parity), client=s3)
     trained = {"val_accuracy": accuracy, "output": run, "metrics_uri": f"{run}/metrics.json",
                "checkpoint_uri": f"{run}/checkpoint.pt"}  # fmt: skip
     exported = {"onnx_uri": f"{run}/onnx/model.onnx", "parity_uri": f"{run}/onnx/parity.json",

@@ -287,12 +287,12 @@ def test_on_kill_stops_the_running_container_and_is_idempotent():
 def test_operator_uses_docker_hook_with_injectable_url(s3_server):
     """The operator builds the client through the provider's DockerHook (patched where it is
     imported), with docker_url / docker_conn_id passed through, and reads metrics after."""
-    import json
+    from trainer.contract import METRICS
 
     client = FakeDockerClient([b"[0]<stdout>:done\n"], {"StatusCode": 0})
     bucket = s3_server.new_bucket()
     s3_server.client().put_object(
-        Bucket=bucket, Key="out/metrics.json", Body=json.dumps({"val_accuracy": 0.9}).encode()
+        Bucket=bucket, Key="out/metrics.json", Body=METRICS.dumps({"val_accuracy": 0.9}).encode()
     )
     op = HorovodTrainOperator(
         task_id="train",

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from operators import HorovodConfigError, ModelGateOperator
 from tests.operators.helpers import dag_in_bundle, undocumented_template_fields
 from trainer import storage
+from trainer.contract import GATE, LATEST
 
 DATASET = {"uri": "s3://data/datasets/mnist/abc", "content_hash": "abc"}
 
@@ -139,8 +140,11 @@ def _gate_dag(tmp_path, monkeypatch, bucket: str, *, accuracy: float):
 
 def _champion(client, bucket: str, accuracy: float) -> bytes:
     """A published champion's latest.json, measured on the same dataset as the challenger."""
-    doc = {"version": "v-champion", "val_accuracy": accuracy, "dataset_content_hash": "abc"}
-    body = json.dumps(doc).encode()
+    doc = {"model": "mnist_cnn", "version": "v-champion", "uri": "s3://x/v-champion",
+           "manifest_uri": "s3://x/v-champion/manifest.json",
+           "onnx_uri": "s3://x/v-champion/model.onnx", "onnx_sha256": "0" * 64,
+           "val_accuracy": accuracy, "dataset_content_hash": "abc"}  # fmt: skip
+    body = LATEST.dumps(doc).encode()
     client.put_object(Bucket=bucket, Key="models/mnist_cnn/latest.json", Body=body)
     return body
 
@@ -171,7 +175,8 @@ def test_a_failed_gate_skips_export_and_publish_and_leaves_latest_untouched(
         "train": "success", "gate": "success", "export_onnx": "skipped", "publish": "skipped",
     }, states  # fmt: skip
 
-    gate = json.loads(storage.read_text(f"{run_output}/gate.json", client=client))
+    gate_uri = f"{run_output}/gate.json"
+    gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
     assert gate["passed"] is False
     assert "worse than the champion v-champion" in gate["reason"]
     assert gate["min_accuracy"] == 0.9  # the rendered template, not the Param's default
@@ -201,7 +206,8 @@ def test_a_passed_gate_returns_its_decision_and_lets_the_chain_run(
     assert set(states.values()) == {"success"}, states
 
     decision = _xcoms(run)[("gate", "return_value")]
-    assert decision == json.loads(storage.read_text(f"{run_output}/gate.json", client=client))
+    gate_json = json.loads(storage.read_text(f"{run_output}/gate.json", client=client))
+    assert gate_json == {"format": GATE.format, **decision}
     assert decision["passed"] is True and decision["champion_version"] == "v-champion"
     assert decision["challenger_accuracy"] == 0.985 and decision["champion_accuracy"] == 0.99
     assert decision["min_accuracy"] == 0.9 and decision["champion_etag"] == etag
@@ -222,5 +228,6 @@ def test_the_first_model_is_judged_by_the_floor_alone(s3_server):
     assert decision is not None and decision["passed"] is True
     assert decision["challenger_accuracy"] == 0.97  # metric_key's value, not val_accuracy
     assert decision["champion_etag"] is None and "no champion yet" in decision["reason"]
-    assert json.loads(storage.read_text(f"{run}/gate.json", client=client)) == decision
+    gate_json = json.loads(storage.read_text(f"{run}/gate.json", client=client))
+    assert gate_json == {"format": GATE.format, **decision}
     assert not storage.exists(f"s3://{bucket}/models/mnist_cnn/latest.json", client=client)

@@ -42,6 +42,8 @@ from operators.launchers.kubernetes import (
 from operators.triggers import MPIJobTrigger
 from tests.operators.helpers import PROGRAM, LineLog, context
 from tests.operators.mpijob_schema import mpijob_errors
+from trainer.contract import METRICS, PARITY
+from trainer.model import preprocessing
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
@@ -552,7 +554,7 @@ def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
     s3_server.client().put_object(
         Bucket=bucket,
         Key="out/metrics.json",
-        Body=json.dumps({"val_accuracy": 0.95, "world_size": 4}).encode(),
+        Body=METRICS.dumps({"val_accuracy": 0.95, "world_size": 4}).encode(),
     )
     op = HorovodTrainOperator(
         task_id="train",
@@ -604,9 +606,10 @@ def export_op(bucket: str, **kw: Any) -> HorovodExportOperator:
 
 
 def put_parity(s3_server: Any, bucket: str, passed: bool = True) -> None:
-    parity = {"max_abs_diff": 7.6e-6, "argmax_mismatches": 0, "passed": passed}
+    parity = {"max_abs_diff": 7.6e-6, "argmax_mismatches": 0, "passed": passed,
+              "samples": 8, "tolerance": 1e-4, "preprocessing": preprocessing()}  # fmt: skip
     s3_server.client().put_object(
-        Bucket=bucket, Key="out/onnx/parity.json", Body=json.dumps(parity).encode()
+        Bucket=bucket, Key="out/onnx/parity.json", Body=PARITY.dumps(parity).encode()
     )
 
 

@@ -20,7 +20,9 @@ from operators.model_registry import (
     safe_key,
     write_latest,
 )
-from trainer import storage
+from trainer import contract, storage
+from trainer.contract import LATEST, METRICS, PARITY, ContractError
+from trainer.model import preprocessing
 
 HISTORY = [
     {"epoch": 1, "train_loss": 0.40, "val_loss": 0.10, "val_accuracy": 0.970,
@@ -142,12 +144,12 @@ def _fake_run(s3_server, bucket: str, accuracy: float) -> tuple[str, str, str]:
                "val_samples": 10000, "epochs": 2, "world_size": 2, "train_seconds": 24.0,
                "history": HISTORY, "versions": {"torch": "2.14.1", "horovod": "0.28.1"},
                "artifacts": {"checkpoint": f"{run}/checkpoint.pt"}}  # fmt: skip
-    storage.write_text(f"{run}/metrics.json", json.dumps(metrics), client=client)
+    storage.write_text(f"{run}/metrics.json", METRICS.dumps(metrics), client=client)
     storage.write_bytes(f"{run}/onnx/model.onnx", b"onnx-bytes-" + str(accuracy).encode(),
                         client=client)  # fmt: skip
     parity = {"passed": True, "max_abs_diff": 1e-6, "argmax_mismatches": 0, "samples": 256,
-              "tolerance": 1e-4}  # fmt: skip
-    storage.write_text(f"{run}/onnx/parity.json", json.dumps(parity), client=client)
+              "tolerance": 1e-4, "preprocessing": preprocessing()}  # fmt: skip
+    storage.write_text(f"{run}/onnx/parity.json", PARITY.dumps(parity), client=client)
     return run, f"{run}/onnx/model.onnx", f"{run}/onnx/parity.json"
 
 
@@ -185,6 +187,8 @@ def test_publish_writes_a_complete_version_then_latest(s3_server):
     assert manifest["metrics"]["val_accuracy"] == 0.991
     assert manifest["dataset"]["content_hash"] == "abc"
     assert manifest["versions"]["horovod"] == "0.28.1"
+    assert manifest["format"] == contract.VERSION_MANIFEST.format
+    assert manifest["preprocessing"] == preprocessing()  # recorded next to the model
     assert read_champion(f"s3://{bucket}", "mnist_cnn", client=client) == latest
     assert latest["onnx_sha256"] == hashlib.sha256(b"onnx-bytes-0.991").hexdigest()
     summary = storage.read_text(f"{prefix}/summary.md", client=client)
@@ -252,7 +256,11 @@ def test_a_publish_retried_after_the_version_was_copied_reuses_it(s3_server):
     bucket = s3_server.new_bucket("registry")
     run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
     gate = _gate(s3_server, bucket)
-    storage.write_text(f"s3://{bucket}/models/mnist_cnn/latest.json", "{}", client=client)
+    other = {"model": "mnist_cnn", "version": "v0-other", "uri": "s3://x/v0",
+             "manifest_uri": "s3://x/v0/manifest.json", "onnx_uri": "s3://x/v0/model.onnx",
+             "onnx_sha256": "0" * 64, "val_accuracy": 0.5}  # fmt: skip
+    storage.write_text(f"s3://{bucket}/models/mnist_cnn/latest.json", LATEST.dumps(other),
+                       client=client)  # fmt: skip
     with pytest.raises(ChampionChangedError):  # someone else's latest.json: try 1 fails late
         _publish(s3_server, bucket, run, onnx, parity, "v1-run", gate=gate)
     client.delete_object(Bucket=bucket, Key="models/mnist_cnn/latest.json")
@@ -313,17 +321,25 @@ def test_the_first_publish_is_conditional_on_there_being_no_champion(s3_server):
     )
 
 
+def _latest(version: str) -> dict:
+    return {"format": LATEST.format, "model": "m", "version": version, "uri": f"/r/{version}",
+            "manifest_uri": f"/r/{version}/manifest.json", "onnx_uri": f"/r/{version}/model.onnx",
+            "onnx_sha256": "0" * 64, "val_accuracy": 0.9}  # fmt: skip
+
+
 def test_write_latest_on_a_local_folder_is_conditional_too(tmp_path):
     root = str(tmp_path / "registry")
-    write_latest(root, "m", {"version": "a"}, expected_etag=None)
+    write_latest(root, "m", _latest("a"), expected_etag=None)
     doc, etag = read_latest(root, "m")
-    assert doc == {"version": "a"} and etag
+    assert doc == _latest("a") and etag
     with pytest.raises(ChampionChangedError):
-        write_latest(root, "m", {"version": "b"}, expected_etag=None)
-    write_latest(root, "m", {"version": "b"}, expected_etag=etag)
+        write_latest(root, "m", _latest("b"), expected_etag=None)
+    write_latest(root, "m", _latest("b"), expected_etag=etag)
     with pytest.raises(ChampionChangedError):
-        write_latest(root, "m", {"version": "c"}, expected_etag=etag)
-    assert read_latest(root, "m")[0] == {"version": "b"}
+        write_latest(root, "m", _latest("c"), expected_etag=etag)
+    assert read_latest(root, "m")[0] == _latest("b")
+    with pytest.raises(ContractError, match="lacks 'model'"):  # a writer checks it too
+        write_latest(root, "m", {"version": "d"}, expected_etag=read_latest(root, "m")[1])
 
 
 def _objects(client, bucket: str, prefix: str = "") -> dict[str, str]:
@@ -332,3 +348,66 @@ def _objects(client, bucket: str, prefix: str = "") -> dict[str, str]:
         for o in page.get("Contents", []):
             out[o["Key"]] = f"{o['ETag']}@{o['LastModified'].isoformat()}"
     return out
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ({"passed": True}, "has no 'format'; supported: horovod-airflow/parity-v1"),
+        ({"format": "horovod-airflow/parity-v9", "passed": True},
+         "has format 'horovod-airflow/parity-v9'; supported: horovod-airflow/parity-v1"),
+        ({"format": PARITY.format, "passed": True}, "lacks 'max_abs_diff'"),
+    ],
+)  # fmt: skip
+def test_publish_refuses_a_parity_json_that_breaks_its_contract(s3_server, content, says):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    storage.write_text(parity, json.dumps(content), client=client)
+    with pytest.raises(ContractError) as refused:
+        _publish(s3_server, bucket, run, onnx, parity, "v1")
+    assert str(refused.value).startswith(f"{parity}: parity.json ")
+    assert says in str(refused.value)
+    assert _objects(client, bucket, "models/") == {}  # nothing published
+
+
+def test_publish_refuses_a_metrics_json_without_format(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    storage.write_text(f"{run}/metrics.json", json.dumps({"val_accuracy": 0.991}), client=client)
+    with pytest.raises(
+        ContractError,
+        match=re.escape(
+            f"{run}/metrics.json: metrics.json has no 'format'; supported: horovod-airflow/"
+        ),
+    ):
+        _publish(s3_server, bucket, run, onnx, parity, "v1")  # fmt: skip
+
+
+def test_a_latest_json_of_an_unknown_format_is_refused_by_every_reader(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    uri = f"s3://{bucket}/models/mnist_cnn/latest.json"
+    storage.write_text(uri, json.dumps({"format": "horovod-airflow/latest-v9"}), client=client)
+    with pytest.raises(ContractError) as refused:
+        read_champion(f"s3://{bucket}", "mnist_cnn", client=client)
+    message = str(refused.value)
+    assert uri in message and "'horovod-airflow/latest-v9'" in message
+    assert "supported: horovod-airflow/latest-v2, horovod-airflow/model-v1" in message
+
+
+def test_a_legacy_latest_json_is_read_and_a_new_publish_replaces_it(s3_server):
+    """A champion published before the contract (model-v1, no preprocessing) can be replaced."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    legacy = {"format": contract.LEGACY_MODEL_FORMAT, "model": "mnist_cnn", "version": "v0",
+              "uri": "s3://x/v0", "manifest_uri": "s3://x/v0/manifest.json",
+              "onnx_uri": "s3://x/v0/model.onnx", "onnx_sha256": "0" * 64,
+              "val_accuracy": 0.9, "dataset_content_hash": "abc"}  # fmt: skip
+    storage.write_text(f"s3://{bucket}/models/mnist_cnn/latest.json", json.dumps(legacy),
+                       client=client)  # fmt: skip
+    assert read_champion(f"s3://{bucket}", "mnist_cnn", client=client) == legacy
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    latest = _publish(s3_server, bucket, run, onnx, parity, "v1")
+    assert latest["format"] == LATEST.format and latest["version"] == "v1"

@@ -17,6 +17,7 @@ from operators.serving import (
 from operators.staging import stage_dataset
 from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
 from trainer import layout, storage
+from trainer.contract import GATE, PREPROCESSING_KEY, ContractError
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_the_gate_rescores_a_champion_measured_on_other_data(s3_server, staged):
     assert "re-scored on this run's dataset " + info["content_hash"][:16] in decision.reason
     assert decision.champion_etag == read_latest(f"s3://{bucket}", "mnist_cnn", client=s3)[1]
     gate_json = json.loads(storage.read_text(f"{metrics['output']}/gate.json", client=s3))
-    assert gate_json == decision.as_dict()
+    assert gate_json == {"format": GATE.format, **decision.as_dict()}
 
 
 def test_the_gate_uses_the_stored_accuracy_on_the_same_data(s3_server, staged):
@@ -127,3 +128,35 @@ def test_published_from_events_takes_the_newest_event_that_names_a_model():
     assert published_from_events(events, asset) == good
     assert published_from_events({}, asset) is None
     assert published_from_events({asset: [_Event({}, "t")]}, asset) is None
+
+
+def test_serving_refuses_a_model_without_preprocessing_instead_of_guessing(s3_server, staged):
+    bucket, info, (x_train, y_train), _ = staged
+    s3 = s3_server.client()
+    bare = linear_onnx_model(*centroid_classifier(x_train, y_train), preprocessing=False)
+    latest = publish_fake_model(s3, bucket, version="v-bare", onnx_bytes=bare, accuracy=0.8,
+                                dataset_hash="c" * 64, dag_run_id="bare")  # fmt: skip
+    with pytest.raises(ContractError) as refused:
+        smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)
+    message = str(refused.value)
+    assert latest["onnx_uri"] in message and "carries no preprocessing" in message
+    assert repr(PREPROCESSING_KEY) in message and "does not guess" in message
+    # The gate cannot re-score such a champion either: it refuses and says why.
+    metrics = {"val_accuracy": 0.9, "output": f"s3://{bucket}/runs/next"}
+    decision = gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
+                               metrics=metrics, dataset=info, min_accuracy=0.5,
+                               max_regression=0.01, client=s3)  # fmt: skip
+    assert decision.passed is False and "not re-scored" in decision.reason
+
+
+def test_serving_refuses_a_model_whose_preprocessing_differs_from_its_manifest(s3_server, staged):
+    bucket, _, (x_train, y_train), _ = staged
+    s3 = s3_server.client()
+    onnx_bytes = linear_onnx_model(*centroid_classifier(x_train, y_train))
+    latest = publish_fake_model(s3, bucket, version="v-m", onnx_bytes=onnx_bytes, accuracy=0.8,
+                                dataset_hash="c" * 64, dag_run_id="m")  # fmt: skip
+    manifest = json.loads(storage.read_text(latest["manifest_uri"], client=s3))
+    manifest["preprocessing"]["std"] = [1.0]
+    storage.write_text(latest["manifest_uri"], json.dumps(manifest), client=s3)
+    with pytest.raises(ModelIntegrityError, match=r"carries preprocessing .* but .* records"):
+        smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,8 @@ from operators import (
 from operators.command import RANK_ENV_WRAPPER, Host
 from operators.launchers.local import check_slots
 from tests.operators.helpers import PROGRAM, context
+from trainer.contract import METRICS, PARITY
+from trainer.model import preprocessing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -202,7 +203,7 @@ def out_dir(tmp_path: Path) -> Path:
 
 def test_metrics_are_read_from_metrics_json(out_dir):
     (out_dir / "metrics.json").write_text(
-        json.dumps(
+        METRICS.dumps(
             {
                 "val_accuracy": 0.97,
                 "val_loss": 0.1,
@@ -227,7 +228,7 @@ def test_metrics_are_read_from_metrics_json(out_dir):
 
 
 def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
-    (out_dir / "metrics.json").write_text(json.dumps({"f1": 0.5}))
+    (out_dir / "metrics.json").write_text(METRICS.dumps({"f1": 0.5}))
     op = train_op(output=str(out_dir), aws_conn_id=None, metric_key="f1")
     result = op.collect_result()
     assert result["f1"] == 0.5
@@ -241,10 +242,23 @@ def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
         ("not json", "is not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
         (
-            '{"val_loss": 0.1}',
-            r"has no 'val_accuracy' \(metric_key\); keys present: \['val_loss'\]",
+            METRICS.dumps({"val_loss": 0.1}),
+            r"has no 'val_accuracy' \(metric_key\); keys present: \['format', 'val_loss'\]",
         ),
-        ('{"val_accuracy": "high"}', "val_accuracy in .* must be a number"),
+        (
+            METRICS.dumps({"val_accuracy": 0.5}).replace("0.5", '"high"'),
+            "metrics.json .* key 'val_accuracy' must be number, got 'high'",
+        ),
+        (
+            '{"val_accuracy": 0.9}',
+            "metrics.json has no 'format'; supported: horovod-airflow/metrics-v1.*"
+            "training-program contract",
+        ),
+        (
+            '{"format": "horovod-airflow/metrics-v0", "val_accuracy": 0.9}',
+            "metrics.json has format 'horovod-airflow/metrics-v0'; "
+            "supported: horovod-airflow/metrics-v1",
+        ),
     ],
 )
 def test_bad_metrics_raise_typed_errors(out_dir, content, message):
@@ -252,6 +266,11 @@ def test_bad_metrics_raise_typed_errors(out_dir, content, message):
         (out_dir / "metrics.json").write_text(content)
     with pytest.raises(HorovodOperatorError, match=message):
         train_op(output=str(out_dir), aws_conn_id=None).collect_result()
+
+
+PARITY_DOCUMENT = PARITY.dumps({"max_abs_diff": 1e-6, "argmax_mismatches": 0, "samples": 8,
+                                "tolerance": 1e-4, "passed": True,
+                                "preprocessing": preprocessing()})  # fmt: skip
 
 
 def test_export_runs_one_process_and_returns_parity(tmp_path):
@@ -264,11 +283,12 @@ def test_export_runs_one_process_and_returns_parity(tmp_path):
         out = pathlib.Path(args["--output"]); out.mkdir(parents=True, exist_ok=True)
         (out / "model.onnx").write_bytes(b"onnx")
         passed = args.get("--tolerance", "1e-4") != "0"
-        (out / "parity.json").write_text(json.dumps({"max_abs_diff": 1e-6,
-            "argmax_mismatches": 0, "samples": 8, "tolerance": 1e-4, "passed": passed}))
+        parity = json.loads(PARITY_JSON)
+        parity["passed"] = passed
+        (out / "parity.json").write_text(json.dumps(parity))
         print("exported", args["--checkpoint"])
         sys.exit(0 if passed else 2)
-    """)
+    """).replace("PARITY_JSON", repr(PARITY_DOCUMENT))
     )
     out = tmp_path / "onnx"
     op = HorovodExportOperator(

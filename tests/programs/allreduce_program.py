@@ -21,6 +21,7 @@ import sys
 import time
 
 from trainer import storage
+from trainer.contract import METRICS, METRICS_NAME
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs,
             "world_size": size,
             "resumed": args.resume,
-            "artifacts": {"metrics": storage.join(args.output, "metrics.json")},
+            "artifacts": {"metrics": storage.join(args.output, METRICS_NAME)},
         }
-        storage.write_text(storage.join(args.output, "metrics.json"), json.dumps(metrics))
+        storage.write_text(storage.join(args.output, METRICS_NAME), METRICS.dumps(metrics))
         print(json.dumps({"event": "final_metrics", **metrics}), flush=True)
     hvd.join()
     return 0

@@ -8,20 +8,24 @@ import sys
 from pathlib import Path
 
 from tests.trainer.conftest import Run, describe
+from trainer.contract import PARITY
+from trainer.model import NORMALIZE_MEAN, preprocessing
 
 ORT_WITHOUT_TORCH = """
 import json, sys
 import numpy as np
 import onnxruntime as ort
+from trainer import contract
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 meta = session.get_modelmeta().custom_metadata_map
+pre = contract.preprocessing_from_metadata(meta, sys.argv[1])
 rng = np.random.default_rng(0)
 shapes = []
 for batch in (1, 7):
-    x = ((rng.random((batch, 1, 28, 28)) - float(meta["normalize_mean"]))
-         / float(meta["normalize_std"])).astype(np.float32)
-    shapes.append(list(session.run(["logits"], {"image": x})[0].shape))
-print(json.dumps({"shapes": shapes, "torch_imported": "torch" in sys.modules}))
+    raw = rng.integers(0, 256, (batch, 28, 28), dtype=np.uint8)
+    x = contract.apply_preprocessing(pre, raw)
+    shapes.append(list(session.run([pre["output_name"]], {pre["input_name"]: x})[0].shape))
+print(json.dumps({"shapes": shapes, "torch_imported": "torch" in sys.modules, "pre": pre}))
 """
 
 
@@ -48,7 +52,7 @@ def test_export_parity_and_onnx_runs_without_torch(tiny_run: Run, tmp_path: Path
     )
     assert proc.returncode == 0, describe(proc)
     assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "parity.json"]  # no sidecar
-    parity = json.loads((out / "parity.json").read_text())
+    parity = PARITY.loads((out / "parity.json").read_text(), "parity.json")
     assert parity["passed"] is True
     assert parity["samples"] == 200
     assert parity["max_abs_diff"] <= parity["tolerance"] == 1e-4
@@ -63,7 +67,11 @@ def test_export_parity_and_onnx_runs_without_torch(tiny_run: Run, tmp_path: Path
     )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result == {"shapes": [[1, 10], [7, 10]], "torch_imported": False}
+    # The model carries its preprocessing, the same document parity.json records.
+    assert result == {"shapes": [[1, 10], [7, 10]], "torch_imported": False,
+                      "pre": preprocessing()}  # fmt: skip
+    assert parity["preprocessing"] == preprocessing()
+    assert preprocessing()["mean"] == [NORMALIZE_MEAN] and preprocessing()["scale"] == 1 / 255
 
 
 def test_export_of_missing_checkpoint_fails_clearly(tmp_path: Path) -> None:

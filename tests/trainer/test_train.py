@@ -25,6 +25,7 @@ from tests.trainer.conftest import (
     trainer_env,
 )
 from trainer import storage
+from trainer.contract import METRICS
 
 
 def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
@@ -79,6 +80,7 @@ def test_ranks_hold_identical_parameters_after_broadcast_and_first_step(tiny_run
 
 def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Path) -> None:
     metrics = tiny_run.metrics
+    assert METRICS.check(metrics, "metrics.json")["format"] == "horovod-airflow/metrics-v1"
     for key in (
         "val_accuracy", "val_loss", "val_correct", "val_samples", "epochs", "world_size",
         "history", "config", "dataset", "versions", "param_hash", "train_seconds", "artifacts",

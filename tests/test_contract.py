@@ -1,0 +1,126 @@
+"""The contract between the trainer and the Airflow side (``trainer/contract.py``): formats,
+required keys and types of the exchanged JSON files, and the preprocessing a model carries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trainer import contract
+from trainer.contract import (
+    GATE,
+    LATEST,
+    METRICS,
+    PARITY,
+    PREPROCESSING_KEY,
+    VERSION_MANIFEST,
+    ContractError,
+)
+
+
+def _pre(**overrides):
+    args = dict(input_name="x", input_shape=[3, 2, 2], mean=[0.5, 0.25, 0.0],
+                std=[0.5, 0.25, 1.0], labels=["cat", "dog"], output_name="y",
+                scale=1 / 255)  # fmt: skip
+    return contract.preprocessing(**{**args, **overrides})
+
+
+def test_the_contract_imports_without_torch_numpy_or_airflow():
+    code = (
+        "import sys, trainer.contract, trainer.layout; "
+        "print(sorted(m for m in ('torch', 'numpy', 'airflow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_written_document_carries_its_format_and_reads_back():
+    text = GATE.dumps({"passed": True, "reason": "ok", "challenger_accuracy": 0.9,
+                       "min_accuracy": 0.5, "max_regression": 0.1})  # fmt: skip
+    doc = json.loads(text)
+    assert doc["format"] == GATE.format == "horovod-airflow/gate-v1"
+    assert GATE.loads(text, "s3://b/gate.json") == doc
+    assert METRICS.stamp({"format": "stale", "val_accuracy": 1})["format"] == METRICS.format
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{}", "s3://b/r/parity.json: parity.json has no 'format'; supported: "
+               "horovod-airflow/parity-v1"),
+        ('{"format": "horovod-airflow/parity-v2"}', "parity.json has format "
+         "'horovod-airflow/parity-v2'; supported: horovod-airflow/parity-v1"),
+        ('{"format": "horovod-airflow/parity-v1", "passed": true}',
+         "lacks 'max_abs_diff', 'argmax_mismatches', 'samples', 'tolerance', 'preprocessing'"),
+        ("[]", "a parity.json must be a JSON object, got list"),
+        ("{", "parity.json is not valid JSON"),
+    ],
+)  # fmt: skip
+def test_a_reader_names_the_file_what_it_found_and_what_is_supported(text, says):
+    with pytest.raises(ContractError) as refused:
+        PARITY.loads(text, "s3://b/r/parity.json")
+    assert says in str(refused.value)
+
+
+def test_types_are_checked_and_a_bool_is_not_a_number():
+    base = {"format": METRICS.format}
+    METRICS.check({**base, "val_accuracy": 1, "epochs": None}, "m")  # optional null is absent
+    with pytest.raises(ContractError, match="key 'val_accuracy' must be number, got True"):
+        METRICS.check({**base, "val_accuracy": True}, "m")
+    with pytest.raises(ContractError, match=r"key 'epochs' must be int, got 2\.0"):
+        METRICS.check({**base, "epochs": 2.0}, "m")
+
+
+def test_legacy_registry_documents_are_read_and_may_lack_preprocessing():
+    assert LATEST.supported == ("horovod-airflow/latest-v2", contract.LEGACY_MODEL_FORMAT)
+    manifest = {"model": "m", "version": "v", "files": {}, "dataset": {}, "metrics": {},
+                "gate": {}, "source_run": "r", "dag_run_id": "d", "published_at": "t"}  # fmt: skip
+    VERSION_MANIFEST.check({"format": contract.LEGACY_MODEL_FORMAT, **manifest}, "old")
+    with pytest.raises(ContractError, match="lacks 'preprocessing'"):
+        VERSION_MANIFEST.check({"format": VERSION_MANIFEST.format, **manifest}, "new")
+
+
+def test_preprocessing_is_checked_when_built():
+    assert _pre()["format"] == contract.PREPROCESSING.format
+    for bad, says in [
+        ({"mean": [0.1, 0.2]}, "mean must be 1 or 3 numbers (input_shape[0])"),
+        ({"std": [0.0]}, "std must be > 0"),
+        ({"channel_axis": 3}, "channel_axis 3 is not an axis of [3, 2, 2]"),
+        ({"dtype": "float16"}, "dtype 'float16'; supported: float32"),
+        ({"labels": []}, "labels must be a non-empty list of strings"),
+        ({"input_shape": [3, 0, 2]}, "input_shape must be positive integers"),
+    ]:
+        with pytest.raises(ContractError) as refused:
+            _pre(**bad)
+        assert says in str(refused.value), bad
+
+
+def test_preprocessing_travels_as_onnx_metadata_and_is_never_guessed():
+    pre = _pre()
+    meta = contract.preprocessing_metadata(pre)
+    assert list(meta) == [PREPROCESSING_KEY]
+    assert contract.preprocessing_from_metadata({**meta, "producer": "p"}, "model.onnx") == pre
+    with pytest.raises(ContractError) as refused:
+        contract.preprocessing_from_metadata({"normalize_mean": "0.1"}, "s3://b/model.onnx")
+    assert "s3://b/model.onnx: the model carries no preprocessing" in str(refused.value)
+    assert "['normalize_mean']" in str(refused.value)
+    broken = {PREPROCESSING_KEY: json.dumps({**pre, "std": "wide"})}
+    with pytest.raises(ContractError, match="key 'std' must be list"):
+        contract.preprocessing_from_metadata(broken, "model.onnx")
+
+
+def test_apply_preprocessing_normalizes_each_channel():
+    raw = np.arange(2 * 3 * 2 * 2, dtype=np.uint8).reshape(2, 3, 2, 2)
+    x = contract.apply_preprocessing(_pre(), raw)
+    assert x.dtype == np.float32 and x.shape == (2, 3, 2, 2)
+    mean, std = np.array([0.5, 0.25, 0.0]), np.array([0.5, 0.25, 1.0])
+    expected = (raw / 255 - mean[None, :, None, None]) / std[None, :, None, None]
+    np.testing.assert_allclose(x, expected, rtol=1e-6)
+    mono = _pre(input_shape=[1, 2, 2], mean=[0.5], std=[0.5])  # [N, H, W] gains its channel
+    assert contract.apply_preprocessing(mono, raw[:, 0]).shape == (2, 1, 2, 2)
+    with pytest.raises(ContractError, match=r"raw input of shape \[2, 5\] does not hold"):
+        contract.apply_preprocessing(mono, np.zeros((2, 5)))

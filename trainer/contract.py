@@ -1,0 +1,402 @@
+"""The one home of every contract between the trainer and the Airflow side: file names,
+the ``format`` of each JSON file they exchange, its required keys and types, and the
+preprocessing a model carries with it. Importable without torch, Airflow or numpy.
+
+Every JSON file one side writes and the other reads carries a ``format`` string with a
+version. Writers build the document with :meth:`Schema.dumps` (or :meth:`Schema.stamp`);
+readers go through :meth:`Schema.loads` (or :meth:`Schema.check` on an already-parsed
+object), which raises :class:`ContractError` naming the file, what was found and what is
+supported, on a missing or unknown ``format``, a missing required key or a key of the wrong
+type.
+
+========================  ===================================  =================================
+file                      format (``Schema``)                  written by → read by
+========================  ===================================  =================================
+``metrics.json``          ``horovod-airflow/metrics-v1``       training program → train operator,
+                          (:data:`METRICS`)                    gate, publish, benchmarks
+``parity.json``           ``horovod-airflow/parity-v1``        exporter → export operator, publish
+                          (:data:`PARITY`)
+``gate.json``             ``horovod-airflow/gate-v1``          gate → people, ``run_pipeline``
+                          (:data:`GATE`)
+``manifest.json``         ``horovod-airflow/version-v2``       publish → publish (retry), serving
+(a published version)     (:data:`VERSION_MANIFEST`)
+``latest.json``           ``horovod-airflow/latest-v2``        publish → gate, serving, DAGs
+                          (:data:`LATEST`)
+``manifest.json``         ``horovod-airflow/dataset-v1``       staging → trainer, gate re-scoring
+(a staged dataset)        (:data:`DATASET_FORMAT`,
+                          checked by ``trainer.layout``)
+========================  ===================================  =================================
+
+Legacy: a published version's ``manifest.json`` and the registry's ``latest.json`` written
+before this contract carry ``horovod-airflow/model-v1``. They are still *read* (so the gate
+can compare against, and publish can replace, a champion published by an earlier release),
+and a ``model-v1`` manifest may lack ``preprocessing``; such a model cannot be *served*: its
+ONNX file carries no preprocessing metadata, and serving refuses it with
+:class:`ContractError` instead of guessing. Every other file (run outputs, never kept across
+releases) must carry its current format; a missing one is an error.
+
+The preprocessing of a model (:data:`PREPROCESSING`) travels in the exported ONNX file, as
+the JSON string of the metadata property :data:`PREPROCESSING_KEY`, and is recorded in
+``parity.json`` and the version manifest. The model input is
+``(raw * scale - mean[c]) / std[c]`` in ``dtype``, shaped ``[batch, *input_shape]``, where
+``c`` indexes axis ``channel_axis`` of ``input_shape`` (mean and std have one value per
+channel, or one for all); :func:`apply_preprocessing` computes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- file names: the files of a run, of a published version and of a staged dataset ----------
+CHECKPOINT_NAME = "checkpoint.pt"  # written by rank 0 after each epoch
+METRICS_NAME = "metrics.json"  # written by rank 0 at the end: the allreduced metrics
+ONNX_NAME = "model.onnx"  # written by the export, only when parity holds
+PARITY_NAME = "parity.json"  # written by the export: onnxruntime against PyTorch
+GATE_NAME = "gate.json"  # the gate's decision, next to metrics.json
+VERSION_MANIFEST_NAME = "manifest.json"  # a published version's files, sha256 and metrics
+LATEST_NAME = "latest.json"  # the registry's pointer to the version serving uses
+CURVES_NAME = "training_curves.png"  # a published version's loss and accuracy curves
+SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
+MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
+
+# --- formats that are not JSON documents checked here -----------------------------------------
+DATASET_FORMAT = "horovod-airflow/dataset-v1"  # a staged dataset's manifest (trainer.layout)
+CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer.train, torch)
+LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
+
+#: The ONNX metadata property holding the model's preprocessing, a JSON :data:`PREPROCESSING`.
+PREPROCESSING_KEY = "horovod-airflow/preprocessing"
+
+
+class ContractError(ValueError):
+    """A file exchanged between the trainer and the Airflow side breaks its contract."""
+
+
+class _Number:
+    """Marker type: an int or float, not a bool."""
+
+
+NUMBER: Any = _Number
+
+
+def _type_name(kind: Any) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("number" if k is _Number else k.__name__ for k in kinds)
+
+
+def _is(value: Any, kind: Any) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    for k in kinds:
+        if k is _Number:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return True
+        elif k is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return True
+        elif isinstance(value, k):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The contract of one JSON document: its file name, current format and keys.
+
+    ``required`` and ``optional`` map a key to its type (``NUMBER``: int or float, not bool);
+    an optional key may be absent or null. ``legacy`` maps an older format that is still
+    read to the required keys it may lack.
+    """
+
+    name: str
+    format: str
+    required: Mapping[str, Any]
+    optional: Mapping[str, Any] = field(default_factory=dict)
+    legacy: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def supported(self) -> tuple[str, ...]:
+        return (self.format, *self.legacy)
+
+    def stamp(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """``document`` with this schema's current ``format`` first, checked."""
+        doc = {"format": self.format, **{k: v for k, v in document.items() if k != "format"}}
+        return self.check(doc, f"the {self.name} being written")
+
+    def dumps(self, document: Mapping[str, Any]) -> str:
+        """The JSON text a writer stores: ``document`` stamped and checked."""
+        return json.dumps(self.stamp(document), indent=2)
+
+    def loads(self, text: str | bytes, source: str) -> dict[str, Any]:
+        """Parse and check the JSON text read from ``source`` (a URI or path, for errors)."""
+        try:
+            document = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ContractError(f"{source}: {self.name} is not valid JSON: {e}") from e
+        return self.check(document, source)
+
+    def check(self, document: Any, source: str) -> dict[str, Any]:
+        """Return ``document`` if it follows this schema; else raise :class:`ContractError`."""
+        if not isinstance(document, dict):
+            raise ContractError(
+                f"{source}: a {self.name} must be a JSON object, got {type(document).__name__}"
+            )
+        found = document.get("format")
+        if found is None:
+            raise ContractError(
+                f"{source}: {self.name} has no 'format'; supported: {', '.join(self.supported)}. "
+                f"It was written by a program that does not follow the contract, or before "
+                f"formats were versioned: write it with trainer.contract ({self.format!r})"
+            )
+        if found not in self.supported:
+            raise ContractError(
+                f"{source}: {self.name} has format {found!r}; supported: "
+                f"{', '.join(self.supported)} (a newer or another program wrote it)"
+            )
+        may_lack = set(self.legacy.get(found, ()))
+        missing = [k for k in self.required if k not in document and k not in may_lack]
+        if missing:
+            raise ContractError(
+                f"{source}: {self.name} ({found}) lacks {', '.join(map(repr, missing))}; "
+                f"keys present: {', '.join(sorted(document))}"
+            )
+        for key, kind in {**self.optional, **self.required}.items():
+            if key not in document or (document[key] is None and key not in self.required):
+                continue
+            if not _is(document[key], kind):
+                raise ContractError(
+                    f"{source}: {self.name} ({found}) key {key!r} must be "
+                    f"{_type_name(kind)}, got {document[key]!r:.80}"
+                )
+        return document
+
+
+METRICS = Schema(
+    METRICS_NAME,
+    "horovod-airflow/metrics-v1",
+    # The training-program contract asks only for the gate metric (its key is the
+    # operator's ``metric_key``); the train operator checks that one.
+    required={},
+    optional={
+        "val_accuracy": NUMBER,
+        "val_loss": NUMBER,
+        "val_correct": int,
+        "val_samples": int,
+        "epochs": int,
+        "world_size": int,
+        "history": list,
+        "config": dict,
+        "dataset": dict,
+        "versions": dict,
+        "runtime": dict,
+        "param_hash": str,
+        "train_seconds": NUMBER,
+        "artifacts": dict,
+    },
+)
+
+PARITY = Schema(
+    PARITY_NAME,
+    "horovod-airflow/parity-v1",
+    required={
+        "passed": bool,
+        "max_abs_diff": NUMBER,
+        "argmax_mismatches": int,
+        "samples": int,
+        "tolerance": NUMBER,
+        "preprocessing": dict,  # the PREPROCESSING the model carries, copied to the manifest
+    },
+    optional={
+        "onnx_accuracy": NUMBER,
+        "torch_accuracy": NUMBER,
+        "checkpoint": str,
+        "dataset": str,
+        "model_bytes": int,
+        "model_uri": str,
+        "export_seconds": NUMBER,
+    },
+)
+
+GATE = Schema(
+    GATE_NAME,
+    "horovod-airflow/gate-v1",
+    required={
+        "passed": bool,
+        "reason": str,
+        "challenger_accuracy": NUMBER,
+        "min_accuracy": NUMBER,
+        "max_regression": NUMBER,
+    },
+    optional={
+        "champion_accuracy": NUMBER,
+        "champion_version": str,
+        "challenger_dataset_hash": str,
+        "champion_dataset_hash": str,
+        "champion_stored_accuracy": NUMBER,
+        "champion_rescored": bool,
+        "champion_etag": str,
+    },
+)
+
+VERSION_MANIFEST = Schema(
+    VERSION_MANIFEST_NAME,
+    "horovod-airflow/version-v2",
+    required={
+        "model": str,
+        "version": str,
+        "files": dict,  # file name -> {"uri", "sha256", "size"}
+        "dataset": dict,
+        "metrics": dict,
+        "gate": dict,
+        "source_run": str,
+        "dag_run_id": str,
+        "published_at": str,
+        "preprocessing": dict,
+    },
+    optional={"epochs": int, "world_size": int, "versions": dict},
+    legacy={LEGACY_MODEL_FORMAT: ("preprocessing",)},
+)
+
+LATEST = Schema(
+    LATEST_NAME,
+    "horovod-airflow/latest-v2",
+    required={
+        "model": str,
+        "version": str,
+        "uri": str,
+        "manifest_uri": str,
+        "onnx_uri": str,
+        "onnx_sha256": str,
+        "val_accuracy": NUMBER,
+    },
+    optional={
+        "dataset_uri": str,
+        "dataset_content_hash": str,
+        "dag_run_id": str,
+        "published_at": str,
+    },
+    legacy={LEGACY_MODEL_FORMAT: ()},
+)
+
+PREPROCESSING = Schema(
+    "preprocessing metadata",
+    "horovod-airflow/preprocessing-v1",
+    required={
+        "input_name": str,
+        "input_shape": list,  # per sample, without the batch axis
+        "dtype": str,
+        "channel_axis": int,  # the axis of input_shape that mean and std index
+        "scale": NUMBER,
+        "mean": list,
+        "std": list,
+        "output_name": str,
+        "labels": list,  # the name of each output class, by index
+    },
+)
+
+SUPPORTED_DTYPES = ("float32",)
+
+
+def check_preprocessing(document: Any, source: str) -> dict[str, Any]:
+    """:data:`PREPROCESSING`'s schema plus its consistency (shape, channels, std > 0)."""
+    pre = PREPROCESSING.check(document, source)
+    shape, axis = pre["input_shape"], pre["channel_axis"]
+    if not shape or not all(_is(d, int) and d > 0 for d in shape):
+        raise ContractError(f"{source}: input_shape must be positive integers, got {shape}")
+    if not 0 <= axis < len(shape):
+        raise ContractError(f"{source}: channel_axis {axis} is not an axis of {shape}")
+    for key in ("mean", "std"):
+        values = pre[key]
+        if len(values) not in (1, shape[axis]) or not all(_is(v, NUMBER) for v in values):
+            raise ContractError(
+                f"{source}: {key} must be 1 or {shape[axis]} numbers (input_shape[{axis}]), "
+                f"got {values}"
+            )
+    if not all(v > 0 for v in pre["std"]):
+        raise ContractError(f"{source}: std must be > 0, got {pre['std']}")
+    if pre["dtype"] not in SUPPORTED_DTYPES:
+        raise ContractError(
+            f"{source}: dtype {pre['dtype']!r}; supported: {', '.join(SUPPORTED_DTYPES)}"
+        )
+    if not pre["labels"] or not all(isinstance(x, str) for x in pre["labels"]):
+        raise ContractError(f"{source}: labels must be a non-empty list of strings")
+    return pre
+
+
+def preprocessing(
+    *,
+    input_name: str,
+    input_shape: tuple[int, ...] | list[int],
+    mean: tuple[float, ...] | list[float],
+    std: tuple[float, ...] | list[float],
+    labels: tuple[str, ...] | list[str],
+    output_name: str,
+    scale: float = 1.0,
+    channel_axis: int = 0,
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """A checked :data:`PREPROCESSING` document (what an exporter stores with its model)."""
+    document = {
+        "format": PREPROCESSING.format,
+        "input_name": input_name,
+        "input_shape": [int(d) for d in input_shape],
+        "dtype": dtype,
+        "channel_axis": channel_axis,
+        "scale": float(scale),
+        "mean": [float(v) for v in mean],
+        "std": [float(v) for v in std],
+        "output_name": output_name,
+        "labels": [str(x) for x in labels],
+    }
+    return check_preprocessing(document, "the preprocessing being written")
+
+
+def preprocessing_metadata(pre: Mapping[str, Any]) -> dict[str, str]:
+    """The ONNX ``metadata_props`` entry carrying ``pre``: ``{PREPROCESSING_KEY: json}``."""
+    return {PREPROCESSING_KEY: json.dumps(check_preprocessing(dict(pre), "preprocessing"))}
+
+
+def preprocessing_from_metadata(metadata: Mapping[str, str], source: str) -> dict[str, Any]:
+    """The preprocessing an ONNX model carries (its custom metadata map); never a guess.
+
+    Raises :class:`ContractError` when the model has none (exported before preprocessing
+    travelled with the model, or by another exporter) or when it is malformed.
+    """
+    text = metadata.get(PREPROCESSING_KEY)
+    if text is None:
+        raise ContractError(
+            f"{source}: the model carries no preprocessing (ONNX metadata property "
+            f"{PREPROCESSING_KEY!r} is missing; it has {sorted(metadata) or 'none'}). Serving "
+            f"does not guess the input normalization: re-export the model with this release"
+        )
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ContractError(f"{source}: {PREPROCESSING_KEY} is not valid JSON: {e}") from e
+    return check_preprocessing(document, f"{source} ({PREPROCESSING_KEY})")
+
+
+def apply_preprocessing(pre: Mapping[str, Any], raw: Any) -> Any:
+    """The model input for ``raw`` samples: ``(raw * scale - mean[c]) / std[c]``.
+
+    ``raw`` is a numpy array ``[N, *input_shape]``, or any ``[N, ...]`` with as many values
+    per sample (e.g. MNIST's ``[N, 28, 28]`` for ``input_shape [1, 28, 28]``). Needs numpy.
+    """
+    import numpy as np
+
+    shape = [int(d) for d in pre["input_shape"]]
+    dtype = np.dtype(pre["dtype"])
+    array = np.asarray(raw)
+    per_sample = int(np.prod(shape))
+    if array.ndim == 0 or (array.size and array.size != len(array) * per_sample):
+        raise ContractError(
+            f"raw input of shape {list(array.shape)} does not hold [N, {shape}] samples"
+        )
+    x = array.reshape(len(array), *shape).astype(dtype) * dtype.type(pre["scale"])
+    broadcast = [1] * (len(shape) + 1)
+    broadcast[1 + int(pre["channel_axis"])] = -1
+    mean = np.asarray(pre["mean"], dtype=dtype).reshape(broadcast)
+    std = np.asarray(pre["std"], dtype=dtype).reshape(broadcast)
+    return ((x - mean) / std).astype(dtype)
