@@ -334,7 +334,7 @@ def resolve_champion_scorer(
         raise ValueError(f"champion_scorer {scorer!r} does not import: {e}") from e
     if not callable(func):
         raise ValueError(f"champion_scorer {scorer!r} is not callable")
-    return func  # type: ignore[no-any-return]
+    return func
 
 
 def gate_challenger(

@@ -1,6 +1,6 @@
 """Every run and registry file name has one home, ``trainer/layout.py``: a string literal that
-names one of them anywhere else in the code (trainer, operators, DAGs, scripts, benchmarks)
-fails here, so the trainer and the operators cannot drift apart."""
+names one of them anywhere else in the code (trainer, operators, DAGs, scripts, benchmarks,
+examples) fails here, so the trainer and the operators cannot drift apart."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_the_names_are_the_ones_the_contract_lists():
 
 
 def test_no_artifact_name_is_spelled_outside_its_home():
-    files = [p for d in ("trainer", "operators", "dags", "scripts", "bench")
+    files = [p for d in ("trainer", "operators", "dags", "scripts", "bench", "examples")
              for p in sorted((REPO / d).rglob("*.py")) if p != HOME]  # fmt: skip
     assert len(files) > 20
     offenders = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in files

@@ -60,7 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size (default 32)")
     p.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate (default 5e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and shuffling")
-    p.add_argument("--resume", action="store_true", help="continue from <output>/checkpoint.pt")
+    p.add_argument(
+        "--resume", action="store_true", help=f"continue from <output>/{CHECKPOINT_NAME}"
+    )
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
