@@ -13,9 +13,11 @@ from trainer.layout import LATEST_NAME
 
 #: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
 DATASET_DIR = Path(__file__).resolve().parent / "dataset"
+#: DATASET_DIR as the StageDatasetOperator ``source`` (a local folder on the Airflow worker).
+DATASET_SOURCE = str(DATASET_DIR)
 DATASET_NAME = "waveforms"
 #: The files of DATASET_DIR that are staged (StageDatasetOperator ``files=``).
-DATASET_FILES = ("*.npy",)
+DATASET_FILES = ["*.npy"]
 MODEL_NAME = "waveform_cnn"
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "waveform_cnn_latest"

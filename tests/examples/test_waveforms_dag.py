@@ -221,6 +221,13 @@ def test_example_dag_uses_the_project_operators_with_its_own_pieces(bundles):
     assert publish.outlets[0].name != "mnist_cnn_latest"
 
 
+def test_the_example_dag_is_wiring_only():
+    """The same check as the MNIST DAG's: operators and settings, no logic of its own."""
+    from tests.dags.test_dag_is_wiring import business_logic
+
+    assert business_logic((EXAMPLE_DAGS / "waveforms_retrain.py").read_text()) == []
+
+
 def test_shipped_dataset_is_the_generator_output(tmp_path):
     from examples.waveforms import data
     from examples.waveforms.settings import DATASET_DIR

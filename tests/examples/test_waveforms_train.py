@@ -27,7 +27,7 @@ def _train(data: str, output: Path, *args: str) -> subprocess.CompletedProcess[s
 @pytest.mark.slow
 def test_two_ranks_write_exact_metrics_and_a_resume_continues_the_run(tmp_path):
     data = stage_files(str(DATASET_DIR), str(tmp_path / "bucket"), name="waveforms",
-                       patterns=list(DATASET_FILES))["uri"]  # fmt: skip
+                       patterns=DATASET_FILES)["uri"]  # fmt: skip
     out = tmp_path / "run"
     first = _train(data, out, "--epochs", "2")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

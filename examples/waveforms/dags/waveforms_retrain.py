@@ -30,9 +30,9 @@ from airflow.sdk import Asset, Param, dag
 
 from examples.waveforms.settings import (
     CHAMPION_SCORER,
-    DATASET_DIR,
     DATASET_FILES,
     DATASET_NAME,
+    DATASET_SOURCE,
     EXPORT_ENTRYPOINT,
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
@@ -86,8 +86,8 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
 def waveforms_horovod_retrain() -> None:
     stage = StageDatasetOperator(
         task_id="stage_dataset",
-        source=str(DATASET_DIR),
-        files=list(DATASET_FILES),
+        source=DATASET_SOURCE,
+        files=DATASET_FILES,
         bucket_uri=BUCKET_URI,
         dataset_name=DATASET_NAME,
         aws_conn_id=AWS_CONN_ID,
