@@ -366,7 +366,6 @@ def gate_challenger(
     rescored = None
     if champion is not None and champion_dataset_hash(champion) != challenger_hash:
         from operators.serving import ModelIntegrityError
-        from trainer import layout
 
         scorer = resolve_champion_scorer(champion_scorer)
         if scorer is None:
@@ -376,7 +375,8 @@ def gate_challenger(
         else:
             try:
                 rescored = float(scorer(champion, dataset["uri"], client=client)["accuracy"])
-            except (ModelIntegrityError, storage.StorageError, layout.DatasetError, KeyError) as e:
+            except (ModelIntegrityError, storage.StorageError, ValueError, KeyError) as e:
+                # DatasetError is a ValueError; so is a model the scorer cannot read
                 log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)
     decision = decide_gate(
         metrics[metric_key],
