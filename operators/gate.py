@@ -7,7 +7,7 @@ Airflow: templated settings, the connection's S3 client, the XCom, and the skip.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.utils.skipmixin import SkipMixin
@@ -23,7 +23,11 @@ from operators.job import (
     check_uri,
     is_templated,
 )
-from operators.model_registry import gate_challenger
+from operators.model_registry import (
+    DEFAULT_CHAMPION_SCORER,
+    gate_challenger,
+    resolve_champion_scorer,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -60,6 +64,12 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         higher is better); it is compared with the ``val_accuracy`` of the champion's
         ``latest.json``.
     :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
+    :param champion_scorer: re-scores a champion measured on other data on this run's
+        dataset: ``"package.module:function"`` or a callable, called as ``f(published,
+        dataset_uri, client=...)`` and returning ``{"accuracy": ...}``
+        (:func:`operators.model_registry.resolve_champion_scorer`); default: the MNIST
+        scorer; None: no re-scoring, so a champion measured on other data fails the gate.
+        A model whose dataset never changes (same content hash) is never re-scored.
     :param ignore_downstream_trigger_rules: as in ``ShortCircuitOperator``: True (default)
         skips every downstream task; False skips the direct ones and lets the others'
         trigger rules decide.
@@ -90,9 +100,13 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         metric_key: str = "val_accuracy",
         aws_conn_id: str | None = "aws_default",
         ignore_downstream_trigger_rules: bool = True,
+        champion_scorer: str | Callable[..., dict[str, Any]] | None = DEFAULT_CHAMPION_SCORER,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not isinstance(champion_scorer, str) or champion_scorer.count(":") != 1:
+            # a callable or None passes; a bad value raises. A path is imported in execute.
+            resolve_champion_scorer(champion_scorer)
         check_uri(bucket_uri, "bucket_uri")
         if not is_templated(model_name):
             check_name(model_name, "model_name")
@@ -112,10 +126,12 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         self.metric_key = metric_key
         self.aws_conn_id = aws_conn_id
         self.ignore_downstream_trigger_rules = ignore_downstream_trigger_rules
+        self.champion_scorer = champion_scorer
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         try:
             settings = self._rendered_settings()
+            scorer = resolve_champion_scorer(self.champion_scorer)
         except ValueError as e:
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
         metrics: Mapping[str, Any] = settings["metrics"]
@@ -123,6 +139,7 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
             **settings,
             metric_key=self.metric_key,
             client=self.s3_client_for(self.bucket_uri, metrics["output"]),
+            champion_scorer=scorer,
         )
         if decision.passed:
             return decision.as_dict()

@@ -27,6 +27,7 @@ import io
 import logging
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -311,6 +312,41 @@ def _short(content_hash: str | None) -> str:
     return "unknown (not recorded)" if not content_hash else content_hash[:16]
 
 
+#: The gate's default champion scorer: MNIST test split, onnxruntime (operators.serving).
+DEFAULT_CHAMPION_SCORER = "operators.serving:score_published_model"
+
+
+def resolve_champion_scorer(
+    scorer: str | Callable[..., dict[str, Any]] | None,
+) -> Callable[..., dict[str, Any]] | None:
+    """The function that re-scores a champion on another dataset, or None (no re-scoring).
+
+    ``scorer`` is a callable or its import path ``"package.module:function"`` (a string keeps
+    an operator's settings serializable). It is called as ``scorer(published, dataset_uri,
+    client=client)`` — ``published`` the champion's ``latest.json``, ``dataset_uri`` the
+    staged dataset of this run — and returns a dict with ``accuracy`` (a fraction in [0, 1],
+    the champion's on that dataset), like :func:`operators.serving.score_published_model`.
+    Raises ValueError naming a path that does not import or name a callable.
+    """
+    if scorer is None or callable(scorer):
+        return scorer
+    if not isinstance(scorer, str) or scorer.count(":") != 1:
+        raise ValueError(
+            f"champion_scorer must be a callable, None, or 'package.module:function', "
+            f"got {scorer!r}"
+        )
+    import importlib
+
+    module_name, _, attr = scorer.partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"champion_scorer {scorer!r} does not import: {e}") from e
+    if not callable(func):
+        raise ValueError(f"champion_scorer {scorer!r} is not callable")
+    return func
+
+
 def gate_challenger(
     *,
     bucket_uri: str,
@@ -321,6 +357,7 @@ def gate_challenger(
     max_regression: float,
     metric_key: str = "val_accuracy",
     client: Any | None = None,
+    champion_scorer: str | Callable[..., dict[str, Any]] | None = DEFAULT_CHAMPION_SCORER,
 ) -> GateDecision:
     """The gate task: read the champion, compare like with like, write ``gate.json``.
 
@@ -329,26 +366,28 @@ def gate_challenger(
     number is the ``val_accuracy`` its ``latest.json`` records (or its accuracy re-scored on
     this dataset), so ``metric_key`` must name the challenger's accuracy, a fraction in
     [0, 1]. When the champion was measured on other data
-    (or its dataset is not recorded), it is re-scored with onnxruntime on this dataset's test
-    split first; if that fails, the decision refuses and says why.
+    (or its dataset is not recorded), it is re-scored on this dataset first by
+    ``champion_scorer`` (see :func:`resolve_champion_scorer`; default: the MNIST scorer,
+    onnxruntime on the staged test split); if that fails, or ``champion_scorer`` is None,
+    the decision refuses and says why.
     """
     champion, etag = read_latest(bucket_uri, model_name, client=client)
     challenger_hash = dataset.get("content_hash")
     rescored = None
     if champion is not None and champion_dataset_hash(champion) != challenger_hash:
-        from operators.serving import ModelIntegrityError, score_published_model
-        from trainer import layout
+        from operators.serving import ModelIntegrityError
 
-        try:
-            rescored = score_published_model(champion, dataset["uri"], client=client)["accuracy"]
-        except (
-            ModelIntegrityError,
-            ContractError,  # e.g. a champion published before models carried preprocessing
-            storage.StorageError,
-            layout.DatasetError,
-            KeyError,
-        ) as e:
-            log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)
+        scorer = resolve_champion_scorer(champion_scorer)
+        if scorer is None:
+            log.warning(
+                "no champion_scorer: the champion %s is not re-scored", champion.get("version")
+            )
+        else:
+            try:
+                rescored = float(scorer(champion, dataset["uri"], client=client)["accuracy"])
+            except (ModelIntegrityError, storage.StorageError, ValueError, KeyError) as e:
+                # DatasetError is a ValueError; so is a model the scorer cannot read
+                log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)
     decision = decide_gate(
         metrics[metric_key],
         min_accuracy=min_accuracy,

@@ -1,7 +1,8 @@
 """``StageDatasetOperator``: upload a dataset to S3, content-addressed: the first task.
 
 Runs in the Airflow worker; needs no torch. What is staged and where is
-:func:`operators.staging.stage_dataset`'s; this module wires it to Airflow.
+:func:`operators.staging.stage_dataset`'s (MNIST-format) or
+:func:`operators.staging.stage_files`'s (any files); this module wires them to Airflow.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from airflow.sdk import BaseOperator
 from operators.connection import AwsConnectionMixin
 from operators.exceptions import HorovodConfigError
 from operators.job import check_name, check_uri, is_templated
-from operators.staging import stage_dataset
+from operators.staging import stage_dataset, stage_files
+from trainer.fileset import check_patterns
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
-    """Stage an MNIST-format dataset at ``<bucket_uri>/datasets/<dataset_name>/<hash16>/``.
+    """Stage a dataset at ``<bucket_uri>/datasets/<dataset_name>/<hash16>/``: MNIST-format
+    IDX files, or any files (``files=``, a content-addressed file set).
 
     Uploads the four IDX files (plain or ``.gz``) and a ``manifest.json`` (written last) to a
     prefix named by the content hash, creating the bucket if it is missing. Idempotent: a
@@ -37,6 +40,12 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
     :param bucket_uri: where to stage, ``s3://bucket`` or a local folder (templated).
     :param dataset_name: the dataset's name in the staged prefix, e.g. ``mnist`` (templated).
     :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
+    :param files: stage any files instead of the MNIST layout: the file names or glob
+        patterns (``["*.npy"]``) of the files directly in ``source`` (an ``s3://`` prefix or a
+        local folder; not ``"vendored"``) to stage, each pattern matching at least one file.
+        The manifest is then a file set's (:mod:`trainer.fileset`: name, size and sha256 per
+        file, and the content hash naming the prefix) and the XCom holds ``files`` (the
+        staged names) instead of ``splits``. None (default): the MNIST-format IDX files.
     """
 
     template_fields: Sequence[str] = ("source", "bucket_uri", "dataset_name")
@@ -49,9 +58,17 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         bucket_uri: str,
         dataset_name: str,
         aws_conn_id: str | None = "aws_default",
+        files: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if files is not None:
+            files = check_patterns(files)
+            if source == "vendored":
+                raise ValueError(
+                    "source 'vendored' is the bundled MNIST; with files=, use an s3:// prefix "
+                    "or a local folder"
+                )
         if not isinstance(source, str) or not source:
             raise ValueError(
                 f"source must be 'vendored', an s3:// prefix or a local folder, got {source!r}"
@@ -63,6 +80,7 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         self.bucket_uri = bucket_uri
         self.dataset_name = dataset_name
         self.aws_conn_id = aws_conn_id
+        self.files = files
 
     def execute(self, context: Context) -> dict[str, Any]:
         try:
@@ -73,6 +91,7 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
             name = check_name(self.dataset_name, "dataset_name")
         except ValueError as e:
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
-        return stage_dataset(
-            source, bucket_uri, name=name, client=self.s3_client_for(source, bucket_uri)
-        )
+        client = self.s3_client_for(source, bucket_uri)
+        if self.files is not None:
+            return stage_files(source, bucket_uri, name=name, patterns=self.files, client=client)
+        return stage_dataset(source, bucket_uri, name=name, client=client)

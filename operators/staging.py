@@ -10,10 +10,11 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer import layout, storage
+from trainer import fileset, layout, storage
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,18 @@ def _resolve_source(source: str, workdir: Path, client: Any) -> Path:
     return Path(storage.parse(source).key)
 
 
-def _already_staged(prefix: str, manifest: dict[str, Any], client: Any) -> bool:
+def _already_staged(
+    prefix: str,
+    manifest: dict[str, Any],
+    client: Any,
+    parse: Callable[[bytes], dict[str, Any]] = layout.parse_manifest,
+) -> bool:
     """True when ``prefix`` holds this manifest and every file it lists, at the right size."""
     manifest_uri = storage.join(prefix, layout.MANIFEST_NAME)
     if not storage.exists(manifest_uri, client=client):
         return False
     try:
-        staged = layout.parse_manifest(storage.read_bytes(manifest_uri, client=client))
+        staged = parse(storage.read_bytes(manifest_uri, client=client))
     except layout.DatasetError:
         return False
     if staged["content_hash"] != manifest["content_hash"]:
@@ -114,5 +120,76 @@ def stage_dataset(
         "name": name,
         "content_hash": manifest["content_hash"],
         "splits": manifest["splits"],
+        "uploaded": uploaded,
+    }
+
+
+def _resolve_files_source(source: str, patterns: Sequence[str], workdir: Path, client: Any) -> Path:
+    """A local folder holding the files that match ``patterns``; ``s3://`` is downloaded first."""
+    if not source or source == VENDORED:
+        raise layout.DatasetError(
+            f"dataset source {source!r}: 'vendored' is the bundled MNIST; staging files needs "
+            "an s3:// prefix or a local folder"
+        )
+    if source.startswith("s3://"):
+        dest = workdir / "source"
+        dest.mkdir(parents=True)
+        for uri in storage.list_uris(source, client=client):
+            relative = uri[len(source.rstrip("/")) + 1 :]
+            if "/" not in relative and fileset.matches(relative, patterns):
+                storage.download_file(uri, dest / relative, client=client)
+        return dest
+    if "://" in source and not source.startswith("file://"):
+        raise layout.DatasetError(
+            f"dataset source {source!r}: use an s3:// prefix or a local folder"
+        )
+    return Path(storage.parse(source).key)
+
+
+def stage_files(
+    source: str,
+    bucket_uri: str,
+    *,
+    name: str,
+    patterns: Sequence[str],
+    client: Any | None = None,
+) -> dict[str, Any]:
+    """Upload any files to ``<bucket_uri>/datasets/<name>/<hash16>/`` with a file-set manifest.
+
+    The files are those directly in ``source`` (an ``s3://`` prefix or a local folder) whose
+    names match ``patterns`` (file names or glob patterns, e.g. ``["*.npy"]``); each pattern
+    must match at least one file. The manifest (:mod:`trainer.fileset`, written last) records
+    each file's size and sha256 and the content hash that names the prefix. Idempotent, like
+    :func:`stage_dataset`: an already staged file set uploads nothing.
+
+    Returns ``{"uri", "name", "content_hash", "files", "uploaded"}`` (files: the staged names).
+    """
+    patterns = fileset.check_patterns(patterns)
+    client = client if client is not None else storage.s3_client()
+    with tempfile.TemporaryDirectory(prefix="hva-stage-") as tmp:
+        folder = _resolve_files_source(source, patterns, Path(tmp), client)
+        files = fileset.find_files(folder, patterns)
+        manifest = fileset.build_manifest(name, files)
+        storage.ensure_bucket(bucket_uri, client=client)
+        prefix = layout.staged_prefix(bucket_uri, manifest)
+        uploaded: list[str] = []
+        if _already_staged(prefix, manifest, client, fileset.parse_manifest):
+            log.info("file set %s already staged at %s: nothing to upload", name, prefix)
+        else:
+            for path in files:
+                storage.upload_file(path, storage.join(prefix, path.name), client=client)
+                uploaded.append(path.name)
+            storage.write_text(
+                storage.join(prefix, layout.MANIFEST_NAME),
+                json.dumps(manifest, indent=2, sort_keys=True),
+                client=client,
+            )
+            uploaded.append(layout.MANIFEST_NAME)
+            log.info("staged file set %s at %s: %s", name, prefix, uploaded)
+    return {
+        "uri": prefix,
+        "name": name,
+        "content_hash": manifest["content_hash"],
+        "files": [e["name"] for e in manifest["files"]],
         "uploaded": uploaded,
     }

@@ -1,8 +1,8 @@
 """Every run and registry file name, every ``format`` string of a file both sides exchange and
 the ONNX preprocessing metadata key have one home, ``trainer/contract.py``: a string literal
 that spells one of them anywhere else in the code (trainer, operators, DAGs, scripts,
-benchmarks) fails here, and so does any other ``horovod-airflow/<thing>-v<N>`` format
-invented outside it, so the trainer and the operators cannot drift apart."""
+benchmarks, examples) fails here, and so does any other ``horovod-airflow/<thing>-v<N>``
+format invented outside it, so the trainer and the operators cannot drift apart."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_layout_re_exports_the_contract_names_and_defines_none():
 
 
 def test_no_artifact_name_is_spelled_outside_its_home():
-    files = [p for d in ("trainer", "operators", "dags", "scripts", "bench")
+    files = [p for d in ("trainer", "operators", "dags", "scripts", "bench", "examples")
              for p in sorted((REPO / d).rglob("*.py")) if p != HOME]  # fmt: skip
     assert len(files) > 20
     offenders = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in files

@@ -1,0 +1,108 @@
+"""The example's serving side (onnxruntime and numpy, no torch): preprocess, predict, score.
+
+The exported model says how to prepare its input, in its ONNX metadata
+(:mod:`examples.waveforms.preprocessing`), so serving needs nothing but the ONNX file.
+
+Fetching and verifying a published model is the project's
+(:func:`operators.serving.open_published_model`: sha256 against the version manifest).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from examples.waveforms.data import CLASSES, SERVING_SEED, generate, load_split
+from examples.waveforms.preprocessing import LABELS_KEY, preprocess, preprocessing_spec
+from operators.model_registry import read_champion
+from operators.serving import open_published_model
+from trainer import fileset, layout, storage
+
+log = logging.getLogger(__name__)
+
+
+class ServingCheckError(RuntimeError):
+    """A published model failed the serving check (accuracy below the floor)."""
+
+
+def predict(session: Any, raw: Any) -> Any:
+    """Predicted class indices of raw signals ``[N, length]``."""
+    spec = preprocessing_spec(session.get_modelmeta().custom_metadata_map)
+    logits = session.run(None, {spec["input_name"]: preprocess(raw, spec)})[0]
+    return logits.argmax(axis=1)
+
+
+def score_published_model(
+    published: dict[str, Any], dataset_uri: str, *, client: Any | None = None
+) -> dict[str, Any]:
+    """Accuracy of a published waveform model on the test split of a staged file set.
+
+    The gate's ``champion_scorer`` for this model (``examples.waveforms.serving:
+    score_published_model``): same signature and result as
+    :func:`operators.serving.score_published_model`.
+    """
+    with tempfile.TemporaryDirectory(prefix="hva-wf-score-") as tmp:
+        session = open_published_model(published, Path(tmp), client=client)
+        _, paths = fileset.fetch_files(dataset_uri, Path(tmp) / "data", client=client)
+        signals, labels = load_split(paths, "test")
+    correct = int((predict(session, signals) == labels).sum())
+    result = {
+        "version": published.get("version"),
+        "dataset_uri": dataset_uri,
+        "accuracy": correct / len(labels),
+        "correct": correct,
+        "samples": len(labels),
+    }
+    log.info("re-scored %s on %s: %s", published.get("version"), dataset_uri, result)
+    return result
+
+
+def serving_check(
+    bucket_uri: str,
+    model_name: str,
+    *,
+    client: Any | None = None,
+    published: dict[str, Any] | None = None,
+    sample_count: int = 64,
+    min_accuracy: float = 0.5,
+) -> dict[str, Any]:
+    """Fetch a published model (sha256-checked), predict fresh waveforms, check the accuracy.
+
+    The samples are drawn anew (``SERVING_SEED``: not in the staged data). ``published``:
+    the triggering Asset event's ``extra``; None: what ``latest.json`` names now. Raises
+    :class:`ServingCheckError` when fewer than ``min_accuracy`` of them are right.
+    """
+    source = "asset event"
+    if published is None:
+        source = layout.LATEST_NAME
+        published = read_champion(bucket_uri, model_name, client=client)
+        if published is None:
+            raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
+    with tempfile.TemporaryDirectory(prefix="hva-wf-serve-") as tmp:
+        session = open_published_model(published, Path(tmp), client=client)
+        onnx_sha256 = storage.sha256_file(Path(tmp) / layout.ONNX_NAME)
+    meta = session.get_modelmeta().custom_metadata_map
+    classes = json.loads(meta.get(LABELS_KEY, json.dumps(list(CLASSES))))
+    signals, labels = generate(sample_count, SERVING_SEED)
+    predictions = predict(session, signals)
+    accuracy = float((predictions == labels).mean())
+    result = {
+        "version": published["version"],
+        "source": source,
+        "onnx_sha256": onnx_sha256,
+        "predictions": [classes[i] for i in predictions.tolist()],
+        "labels": [classes[i] for i in labels.tolist()],
+        "accuracy": accuracy,
+        "samples": sample_count,
+    }
+    log.info("%s %s (from the %s): accuracy %.4f on %d fresh waveforms",
+             model_name, published["version"], source, accuracy, sample_count)  # fmt: skip
+    if accuracy < min_accuracy:
+        raise ServingCheckError(
+            f"{model_name} {published['version']}: accuracy {accuracy:.4f} on {sample_count} "
+            f"fresh waveforms is below min_accuracy {min_accuracy}"
+        )
+    return result

@@ -1,0 +1,28 @@
+"""The example's names and programs, read by its DAGs (torch-free, imported at DAG parse time).
+
+The bucket is the project's (``HVA_BUCKET``, :mod:`operators.settings`): the example publishes
+``models/waveform_cnn/`` next to ``models/mnist_cnn/`` without touching it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from operators.settings import BUCKET_URI
+from trainer.layout import LATEST_NAME
+
+#: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
+DATASET_DIR = Path(__file__).resolve().parent / "dataset"
+#: DATASET_DIR as the StageDatasetOperator ``source`` (a local folder on the Airflow worker).
+DATASET_SOURCE = str(DATASET_DIR)
+DATASET_NAME = "waveforms"
+#: The files of DATASET_DIR that are staged (StageDatasetOperator ``files=``).
+DATASET_FILES = ["*.npy"]
+MODEL_NAME = "waveform_cnn"
+LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
+LATEST_MODEL_ASSET_NAME = "waveform_cnn_latest"
+#: The example's programs, run by HorovodTrainOperator / HorovodExportOperator (``entrypoint=``).
+TRAIN_ENTRYPOINT = ("python", "-m", "examples.waveforms.train")
+EXPORT_ENTRYPOINT = ("python", "-m", "examples.waveforms.export")
+#: Re-scores a champion on another dataset for the gate (ModelGateOperator ``champion_scorer=``).
+CHAMPION_SCORER = "examples.waveforms.serving:score_published_model"
