@@ -758,7 +758,10 @@ def test_kubernetes_options_with_another_literal_launcher_are_refused(launcher):
         args.update({"image": "hva/trainer:1"} if launcher == "docker" else {})
         args.update({"data": "s3://b/d"} if operator is HorovodTrainOperator else {})
         args.update({"checkpoint": "s3://b/c"} if operator is HorovodExportOperator else {})
-        expected = f"kubernetes=KubernetesOptions(...) is for launcher='kubernetes', and launcher is '{launcher}'"
+        expected = (
+            f"kubernetes=KubernetesOptions(...) is for launcher='kubernetes', and launcher is "
+            f"'{launcher}'"
+        )
         with pytest.raises(ValueError, match=re.escape(expected)):
             operator(**args)
 
