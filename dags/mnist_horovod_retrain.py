@@ -29,7 +29,8 @@
 
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
-ranks, trainer image, GPUs per rank, Docker network).
+ranks, trainer image, GPUs per rank, Docker network); train and export share its
+`TRAINER_JOB` settings (connection, image, GPUs, launcher options).
 """
 
 from __future__ import annotations
@@ -52,12 +53,10 @@ from operators.settings import (
     BUCKET_URI,
     DEFAULT_LAUNCHER,
     DEFAULT_NUM_PROC,
-    DOCKER_NETWORK,
-    GPUS_PER_PROC,
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
     MODEL_NAME,
-    TRAINER_IMAGE,
+    TRAINER_JOB,
 )
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
@@ -124,10 +123,7 @@ def mnist_horovod_retrain() -> None:
             "lr": "{{ params.lr }}",
             "max_train_samples": "{{ params.max_train_samples }}",
         },
-        aws_conn_id=AWS_CONN_ID,
-        image=TRAINER_IMAGE,
-        gpus_per_proc=GPUS_PER_PROC,
-        network_mode=DOCKER_NETWORK,
+        **TRAINER_JOB,
     )
 
     gate = ModelGateOperator(
@@ -147,10 +143,7 @@ def mnist_horovod_retrain() -> None:
         checkpoint="{{ ti.xcom_pull(task_ids='train')['checkpoint_uri'] }}",
         output=RUN_PREFIX + "/onnx",
         data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
-        aws_conn_id=AWS_CONN_ID,
-        image=TRAINER_IMAGE,
-        gpus_per_proc=GPUS_PER_PROC,
-        network_mode=DOCKER_NETWORK,
+        **TRAINER_JOB,
     )
 
     publish = PublishModelOperator(

@@ -62,7 +62,7 @@ class HorovodTrainingError(HorovodOperatorError):
 
 
 class HorovodTimeoutError(HorovodOperatorError):
-    """The job ran longer than the operator's ``timeout`` and was stopped."""
+    """The job ran past its deadline (the operator's ``execution_timeout``) and was stopped."""
 
     def __init__(self, message: str, *, timeout: float, log_tail: Sequence[str] = ()) -> None:
         self.timeout = timeout

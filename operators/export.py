@@ -36,7 +36,9 @@ class HorovodExportOperator(HorovodJobOperatorBase):
 
     Returns ``{onnx_uri, parity_uri, max_abs_diff, argmax_mismatches, passed}``.
     ``launcher="kubernetes"`` runs it as a one-rank MPIJob (``slots_per_worker`` is ignored:
-    one worker pod with ``gpus_per_proc`` GPUs); ``deferrable=True`` applies there too.
+    one worker pod with ``gpus_per_proc`` GPUs); ``deferrable=True`` applies there too. The
+    export is one process: ``LocalOptions``' hosts, ssh settings and ``horovodrun_args``
+    (training's) are not used, so train and export can share one set of options.
     """
 
     template_fields: Sequence[str] = (
@@ -92,12 +94,12 @@ class HorovodExportOperator(HorovodJobOperatorBase):
             secret_env=secret,
             num_proc=1,
             gpus_per_proc=self.gpus_per_proc,
-            timeout=self.timeout,
             distributed=False,
             labels=labels,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self.start_clock()
         spec = self.build_spec(context)
         self.log.info("exporting with %s: %s", self.launcher, shlex.join(spec.argv))
         self.run_job(spec, context)

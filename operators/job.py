@@ -6,38 +6,33 @@ cncf-kubernetes) are imported when first needed, so a DAG file parses in millise
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import BaseOperator
 
 from operators.command import Host, validate_env_name
 from operators.connection import AwsConnectionMixin
-from operators.exceptions import HorovodOperatorError, HorovodTrainingError
+from operators.exceptions import HorovodOperatorError, HorovodTimeoutError, HorovodTrainingError
 from operators.launchers.base import JobSpec, Launcher
-from operators.launchers.kubernetes import STARTUP_TIMEOUT_S, PodOptions, flavour
+from operators.launchers.docker import DockerOptions
+from operators.launchers.kubernetes import KubernetesOptions
+from operators.launchers.local import LocalOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 LAUNCHERS = ("local", "docker", "kubernetes")
-CLEANUP_POLICIES = ("delete", "keep", "delete_on_success")
 
 
 def is_templated(value: Any) -> bool:
     """A value still holding Jinja (validated after rendering, in ``execute``)."""
     return isinstance(value, str) and ("{{" in value or "{%" in value)
-
-
-def check_launcher(launcher: Any, image: Any) -> None:
-    """Raise ValueError unless ``launcher`` is known and has the image it needs."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
-    if launcher in ("docker", "kubernetes") and not image:
-        raise ValueError(f"image is required when launcher={launcher!r}")
 
 
 def as_int(value: Any, field: str, *, minimum: int) -> int:
@@ -131,52 +126,103 @@ def job_labels(
     return {key: make_safe_label_value(value) for key, value in labels.items()}
 
 
+class HorovodJobSettings(TypedDict, total=False):
+    """Keyword arguments several Horovod operators of one DAG share, written once:
+    ``HorovodTrainOperator(task_id=..., **SETTINGS)`` (see ``operators.settings.TRAINER_JOB``)."""
+
+    aws_conn_id: str | None
+    image: str | None
+    gpus_per_proc: int
+    env: Mapping[str, str]
+    secret_env: Mapping[str, str]
+    preflight: bool
+    local: LocalOptions | None
+    docker: DockerOptions | None
+    kubernetes: KubernetesOptions | None
+
+
+#: launcher → the class of its options (the operator's argument of the same name).
+LAUNCHER_OPTIONS: dict[str, type[Any]] = {
+    "local": LocalOptions,
+    "docker": DockerOptions,
+    "kubernetes": KubernetesOptions,
+}
+#: The seconds the launcher's deadline keeps before ``execution_timeout`` (at most a tenth of
+#: it), so the launcher stops the job itself and fails with its log tail, before Airflow's
+#: own timeout interrupts the task.
+TIMEOUT_RESERVE_S = 60.0
+
+
+def moved_setting(name: str) -> str | None:
+    """The error for a keyword that is now a launcher option (or gone); None otherwise."""
+    if name == "timeout":
+        return (
+            "timeout: removed; set Airflow's execution_timeout (a timedelta): the launcher "
+            "stops the job just before it, the deferrable trigger too"
+        )
+    owners = [
+        launcher
+        for launcher, cls in LAUNCHER_OPTIONS.items()
+        if name in {f.name for f in dataclasses.fields(cls)}
+    ]
+    if not owners:
+        return None
+    where = " or ".join(
+        f"{launcher}={LAUNCHER_OPTIONS[launcher].__name__}({name}=...)" for launcher in owners
+    )
+    only = " and ".join(repr(launcher) for launcher in owners)
+    return f"{name} is an option of launcher {only} only: pass {where}"
+
+
+def check_launcher(launcher: Any, image: Any) -> None:
+    """Raise ValueError unless ``launcher`` is known and has the image it needs."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
+    if launcher in ("docker", "kubernetes") and not image:
+        raise ValueError(f"image is required when launcher={launcher!r}")
+
+
 class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     """Shared machinery of :class:`HorovodTrainOperator` and :class:`HorovodExportOperator`.
 
     :param launcher: where the job runs: ``"local"`` (horovodrun on the worker),
-        ``"docker"`` (one container) or ``"kubernetes"`` (a Kubeflow MPIJob).
+        ``"docker"`` (one container) or ``"kubernetes"`` (a Kubeflow MPIJob or TrainJob:
+        ``KubernetesOptions.kubernetes_api``); templated.
     :param aws_conn_id: Airflow AWS connection whose credentials, endpoint and region reach
         the job as the standard ``AWS_*`` variables (secrets masked, never on a command
         line). ``None``: the job uses its own credentials (instance role, files).
     :param env: extra non-secret environment variables for the job (templated).
     :param secret_env: extra secret variables, delivered like the AWS credentials.
-    :param image: container image, required by the docker and kubernetes launchers (templated).
+    :param image: container image of the docker and kubernetes launchers (templated).
     :param gpus_per_proc: GPUs per rank (0 = CPU).
-    :param timeout: seconds before the job is stopped (``HorovodTimeoutError``); None: no limit.
     :param preflight: check slots/GPUs and run the trainer's doctor before launching (the
         local launcher remembers a doctor pass per interpreter and installed torch/horovod:
         ``HVA_PREFLIGHT_CACHE``).
-    :param docker_conn_id / docker_url: the Docker engine (``docker_url`` defaults to
-        ``$DOCKER_HOST`` or the local socket); ``docker_conn_id`` is for registry login.
-    :param mounts: docker bind mounts: ``"host:container[:ro]"`` strings or ``docker.types.Mount``.
-    :param ipc_mode: docker IPC namespace, default ``"host"`` (Gloo/NCCL shared memory).
-    :param shm_size: docker ``/dev/shm`` size when ``ipc_mode`` is not ``"host"``.
-    :param kubernetes_conn_id / namespace: the cluster for the MPIJob.
-    :param slots_per_worker: ranks per MPIJob worker pod (``num_proc`` must be a multiple).
-    :param deferrable: kubernetes only: free the worker slot while the MPIJob runs.
-    :param poll_interval: seconds between MPIJob status checks.
-    :param cleanup: MPIJob/container policy: ``"delete"``, ``"keep"`` or ``"delete_on_success"``.
-    :param force_pull: docker only: pull ``image`` before every job; by default it is pulled
-        only when the engine does not have it (with the registry login of ``docker_conn_id``).
-    :param service_account / image_pull_policy / image_pull_secrets / node_selector /
-        tolerations / priority_class: kubernetes only: set on both MPIJob pods (launcher and
-        workers) as ``serviceAccountName``, ``imagePullPolicy`` (``Always``, ``IfNotPresent``,
-        ``Never``; None: the cluster's default), ``imagePullSecrets`` (Secret names),
-        ``nodeSelector``, ``tolerations`` (dicts) and ``priorityClassName``.
-    :param startup_timeout: kubernetes only: seconds the MPIJob's pods may take to start
-        (scheduling, image pull) before the task fails naming the pod and the reason; None:
-        no limit. An image pull error, a crash loop or a failed pod fails it at once.
-    :param worker_resources / launcher_resources: kubernetes only: ``{"requests": {...}, "limits":
-        {...}}`` of each worker container (GPUs are not set here: ``gpus_per_proc`` adds
-        ``nvidia.com/gpu``) and of the launcher container (horovodrun only; no rank runs there).
-    :param kubernetes_api: kubernetes only: ``"mpijob"`` (default: a Kubeflow MPI Operator
-        MPIJob) or ``"trainjob"`` (a Kubeflow Trainer v2 TrainJob with its own
-        TrainingRuntime); the same pods and settings either way.
+    :param local: :class:`~operators.launchers.local.LocalOptions` (hosts, ssh, horovodrun
+        arguments, credentials folder, kill grace, working directory).
+    :param docker: :class:`~operators.launchers.docker.DockerOptions` (engine, mounts, IPC,
+        network, working directory, cleanup, pull, ``create_container`` overrides).
+    :param kubernetes: :class:`~operators.launchers.kubernetes.KubernetesOptions` (cluster,
+        namespace, ``kubernetes_api`` (``"mpijob"``: a Kubeflow MPIJob, or ``"trainjob"``: a
+        Kubeflow Trainer v2 TrainJob), slots per worker, pod settings, cleanup, deferrable,
+        startup timeout, ``mpijob_overrides`` / ``trainjob_overrides``).
 
-    A setting that only another launcher uses (a kubernetes setting with ``launcher="docker"``)
-    is refused with ``ValueError`` naming it: at parse time, or after rendering when
-    ``launcher`` is templated.
+    Launcher options rule: every setting that only one launcher uses lives in that
+    launcher's options object, written once and handed to the launcher whole. With a literal
+    ``launcher``, an options object for another launcher (or ``image`` with ``"local"``) is
+    refused at construction, naming it. With a templated ``launcher`` (a trigger-form Param)
+    the objects of several launchers may stand side by side: after rendering, the chosen
+    launcher's object is used (its defaults when absent) and the others are not (logged).
+    The former loose keywords (``mounts=``, ``namespace=``, ...) are refused naming the
+    object they now belong to. Options objects are not templated.
+
+    Timeout: Airflow's ``execution_timeout`` is the only one. The launcher's deadline is what
+    remains of it when the job starts, less a reserve (``TIMEOUT_RESERVE_S``, at most a tenth):
+    the local launcher stops horovodrun, the docker launcher the container, the kubernetes
+    launcher deletes the MPIJob or TrainJob (its ``activeDeadlineSeconds`` is that deadline),
+    and the task fails with :class:`HorovodTimeoutError` and the job's last lines. With
+    ``deferrable=True`` the trigger enforces the same deadline (Airflow 3 does not apply
+    ``execution_timeout`` to a deferred wait). None: no limit.
     """
 
     template_fields: Sequence[str] = ("env", "image")
@@ -192,42 +238,25 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         secret_env: Mapping[str, str] | None = None,
         image: str | None = None,
         gpus_per_proc: int = 0,
-        timeout: float | None = None,
         preflight: bool = True,
-        kill_grace_s: float = 15.0,
-        rank_env_dir: str | None = None,
-        docker_conn_id: str | None = None,
-        docker_url: str | None = None,
-        mounts: Sequence[Any] = (),
-        shm_size: str | None = "1g",
-        ipc_mode: str = "host",
-        network_mode: str | None = None,
-        kubernetes_conn_id: str | None = "kubernetes_default",
-        namespace: str | None = None,
-        slots_per_worker: int = 1,
-        deferrable: bool = False,
-        poll_interval: float = 15.0,
-        cleanup: str = "delete_on_success",
-        force_pull: bool = False,
-        service_account: str | None = None,
-        image_pull_policy: str | None = None,
-        image_pull_secrets: Sequence[str] = (),
-        node_selector: Mapping[str, str] | None = None,
-        tolerations: Sequence[Mapping[str, Any]] = (),
-        priority_class: str | None = None,
-        worker_resources: Mapping[str, Mapping[str, Any]] | None = None,
-        launcher_resources: Mapping[str, Mapping[str, Any]] | None = None,
-        startup_timeout: float | None = STARTUP_TIMEOUT_S,
-        kubernetes_api: str = "mpijob",
+        local: LocalOptions | None = None,
+        docker: DockerOptions | None = None,
+        kubernetes: KubernetesOptions | None = None,
         **kwargs: Any,
     ) -> None:
+        for name in kwargs:
+            moved = moved_setting(name)
+            if moved is not None:
+                raise ValueError(moved)
         super().__init__(**kwargs)
-        if not is_templated(launcher):
-            check_launcher(launcher, image)
-        if cleanup not in CLEANUP_POLICIES:
-            raise ValueError(
-                f"cleanup must be one of {', '.join(CLEANUP_POLICIES)}; got {cleanup!r}"
-            )
+        given = {"local": local, "docker": docker, "kubernetes": kubernetes}
+        for name, value in given.items():
+            cls = LAUNCHER_OPTIONS[name]
+            if value is not None and not isinstance(value, cls):
+                raise ValueError(
+                    f"{name} must be a {cls.__name__} (from {cls.__module__}), got "
+                    f"{type(value).__name__}: {value!r:.80}"
+                )
         if env is not None and not isinstance(env, Mapping) and not is_templated(env):
             raise ValueError(f"env must be a dict of name → value, got {type(env).__name__}")
         if isinstance(env, Mapping):
@@ -235,57 +264,73 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                 validate_env_name(name, "env")
         for name in secret_env or {}:
             validate_env_name(name, "secret_env")
-        if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.launcher = launcher
+        self.launcher_templated = is_templated(launcher)
         self.aws_conn_id = aws_conn_id
         self.env = dict(env) if isinstance(env, Mapping) else (env or {})
         self.secret_env = dict(secret_env or {})
         self.image = image
         self.gpus_per_proc = as_int(gpus_per_proc, "gpus_per_proc", minimum=0)
-        self.timeout = timeout
         self.preflight = preflight
-        self.kill_grace_s = kill_grace_s
-        self.rank_env_dir = rank_env_dir
-        self.docker_conn_id = docker_conn_id
-        self.docker_url = docker_url
-        self.mounts = list(mounts)
-        self.shm_size = shm_size
-        self.ipc_mode = ipc_mode
-        self.network_mode = network_mode
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.namespace = namespace
-        self.slots_per_worker = as_int(slots_per_worker, "slots_per_worker", minimum=1)
-        self.deferrable = deferrable
-        self.poll_interval = poll_interval
-        self.cleanup = cleanup
-        self.force_pull = bool(force_pull)
-        self.service_account = service_account
-        self.image_pull_policy = image_pull_policy
-        self.image_pull_secrets = image_pull_secrets
-        self.node_selector = {} if node_selector is None else node_selector
-        self.tolerations = tolerations
-        self.priority_class = priority_class
-        self.worker_resources = {} if worker_resources is None else worker_resources
-        self.launcher_resources = {} if launcher_resources is None else launcher_resources
-        if startup_timeout is not None and (
-            isinstance(startup_timeout, bool)
-            or not isinstance(startup_timeout, int | float)
-            or startup_timeout <= 0
-        ):
-            raise ValueError(
-                f"startup_timeout must be a positive number of seconds or None, "
-                f"got {startup_timeout!r}"
-            )
-        self.startup_timeout = startup_timeout
-        flavour(kubernetes_api)  # raises ValueError naming the allowed values
-        self.kubernetes_api = kubernetes_api
-        self.pod_options()  # raises ValueError naming a bad kubernetes setting
+        self.launcher_options: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         self._running: Launcher | None = None
-        if not is_templated(launcher):
+        self._clock: float | None = None
+        if not self.launcher_templated:
             self.check_launcher_settings()
+
+    def options(self, launcher: str | None = None) -> Any:
+        """The options object of ``launcher`` (default: the chosen one); its defaults if none
+        was given."""
+        name = str(self.launcher if launcher is None else launcher)
+        return self.launcher_options.get(name) or LAUNCHER_OPTIONS[name]()
+
+    @property
+    def kubernetes_options(self) -> KubernetesOptions:
+        options = self.options("kubernetes")
+        assert isinstance(options, KubernetesOptions)
+        return options
+
+    def check_launcher_settings(self) -> None:
+        """:func:`check_launcher`; with a literal launcher, nothing given that it ignores."""
+        check_launcher(self.launcher, self.image)
+        others = [name for name in self.launcher_options if name != self.launcher]
+        if self.launcher_templated:
+            if others:
+                self.log.info("launcher=%r: the options of %s are not used", self.launcher, others)
+            return
+        for name in others:
+            cls = LAUNCHER_OPTIONS[name].__name__
+            raise ValueError(
+                f"{name}={cls}(...) is for launcher={name!r}, and launcher is "
+                f"{self.launcher!r}; remove it (options of several launchers may stand side "
+                f"by side only when launcher is templated)"
+            )
+        if self.launcher == "local" and self.image:
+            raise ValueError(
+                f"image={self.image!r}: only used by launcher 'docker' and 'kubernetes', and "
+                f"launcher is 'local'; remove it"
+            )
+
+    def start_clock(self) -> None:
+        """Mark the start of this ``execute``: ``execution_timeout`` counts from here."""
+        self._clock = time.monotonic()
+
+    def job_deadline(self) -> float | None:
+        """Seconds the job may run from now: what ``execution_timeout`` leaves, less the
+        reserve; None without one. Raises :class:`HorovodTimeoutError` when nothing is left."""
+        limit = self.execution_timeout
+        if limit is None:
+            return None
+        total = limit.total_seconds()
+        spent = 0.0 if self._clock is None else time.monotonic() - self._clock
+        deadline = total - spent - min(TIMEOUT_RESERVE_S, total / 10)
+        if deadline <= 0:
+            raise HorovodTimeoutError(
+                f"execution_timeout={total:.0f}s leaves no time for the job after "
+                f"{spent:.0f}s of preparation",
+                timeout=total,
+            )
+        return deadline
 
     def job_identity(self, context: Context) -> tuple[str, dict[str, str]]:
         """(job name, labels) of this task instance: the name is the same for every try (a
@@ -301,40 +346,6 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             return name, {}
         try_number = int(getattr(ti, "try_number", 1) or 1)
         return name, job_labels(dag_id, self.task_id, run_id, try_number, map_index)
-
-    def pod_options(self) -> PodOptions:
-        """The kubernetes settings of both MPIJob pods (validated)."""
-        return PodOptions(
-            service_account=self.service_account,
-            image_pull_policy=self.image_pull_policy,
-            image_pull_secrets=self.image_pull_secrets,
-            node_selector=self.node_selector,
-            tolerations=self.tolerations,
-            priority_class=self.priority_class,
-            worker_resources=self.worker_resources,
-            launcher_resources=self.launcher_resources,
-        )
-
-    def launcher_only_settings(self) -> dict[str, list[str]]:
-        """launcher → the settings given that only that launcher uses."""
-        kubernetes = self.pod_options().names_set()
-        if self.deferrable:
-            kubernetes.append("deferrable")
-        if self.startup_timeout != STARTUP_TIMEOUT_S:
-            kubernetes.append("startup_timeout")
-        if self.kubernetes_api != "mpijob":
-            kubernetes.append("kubernetes_api")
-        return {"kubernetes": kubernetes}
-
-    def check_launcher_settings(self) -> None:
-        """:func:`check_launcher`, and no setting given that the launcher would ignore."""
-        check_launcher(self.launcher, self.image)
-        for launcher, names in self.launcher_only_settings().items():
-            if names and self.launcher != launcher:
-                raise ValueError(
-                    f"{', '.join(names)}: only used by launcher={launcher!r}, and launcher is "
-                    f"{self.launcher!r}; remove {'them' if len(names) > 1 else 'it'}"
-                )
 
     def job_env(self) -> tuple[dict[str, str], dict[str, str]]:
         """(non-secret env, secret env) for the job, from ``env``, the AWS connection and
@@ -368,48 +379,30 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
 
     # --- launchers --------------------------------------------------------------------
     def make_launcher(self, hosts: Sequence[Host] = ()) -> Launcher:
+        """The chosen launcher, handed its options object."""
         if self.launcher == "local":
             from operators.launchers.local import LocalLauncher
 
-            return LocalLauncher(
-                hosts, kill_grace_s=self.kill_grace_s, rank_env_dir=self.rank_env_dir
-            )
+            return LocalLauncher(hosts, options=self.options("local"))
         if self.launcher == "docker":
             from operators.launchers.docker import DockerLauncher
 
-            return DockerLauncher(
-                image=str(self.image),
-                docker_conn_id=self.docker_conn_id,
-                docker_url=self.docker_url,
-                mounts=self.mounts,
-                shm_size=self.shm_size,
-                ipc_mode=self.ipc_mode,
-                network_mode=self.network_mode,
-                cleanup=self.cleanup,
-                force_pull=self.force_pull,
-            )
+            return DockerLauncher(image=str(self.image), options=self.options("docker"))
         from operators.launchers.kubernetes import KubernetesLauncher
 
-        return KubernetesLauncher(
-            image=str(self.image),
-            kubernetes_conn_id=self.kubernetes_conn_id,
-            namespace=self.namespace,
-            slots_per_worker=self.slots_per_worker,
-            poll_interval=self.poll_interval,
-            cleanup=self.cleanup,
-            pod_options=self.pod_options(),
-            startup_timeout=self.startup_timeout,
-            kubernetes_api=self.kubernetes_api,
-        )
+        return KubernetesLauncher(image=str(self.image), options=self.kubernetes_options)
 
     def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:
-        """Preflight, then run (or, for a deferrable MPIJob, submit and defer)."""
+        """Preflight, then run (or, for a deferrable MPIJob, submit and defer) with the
+        deadline ``execution_timeout`` leaves."""
         launcher = self.make_launcher(hosts)
         self._running = launcher
         try:
             if self.preflight:
                 launcher.preflight(spec, self.log)
-            if self.launcher == "kubernetes" and self.deferrable:
+            spec = dataclasses.replace(spec, timeout=self.job_deadline())
+            k8s = self.kubernetes_options
+            if self.launcher == "kubernetes" and k8s.deferrable:
                 from operators.launchers.kubernetes import KubernetesLauncher
                 from operators.triggers import MPIJobTrigger
 
@@ -419,11 +412,11 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                     trigger=MPIJobTrigger(
                         name=ref["name"],
                         namespace=ref["namespace"],
-                        kubernetes_conn_id=self.kubernetes_conn_id,
-                        poll_interval=self.poll_interval,
+                        kubernetes_conn_id=k8s.kubernetes_conn_id,
+                        poll_interval=k8s.poll_interval,
                         timeout=spec.timeout,
-                        startup_timeout=self.startup_timeout,
-                        kubernetes_api=self.kubernetes_api,
+                        startup_timeout=k8s.startup_timeout,
+                        kubernetes_api=k8s.kubernetes_api,
                     ),
                     method_name="execute_complete",
                     kwargs={"ref": ref},  # stored in the metadata DB: never secrets

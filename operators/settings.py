@@ -12,12 +12,16 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_NUM_PROC`` | ``2`` | default ranks in the trigger form |
 | ``HVA_GPUS_PER_PROC`` | ``0`` | GPUs each rank requests (docker/kubernetes launchers) |
 | ``HVA_DOCKER_NETWORK`` | unset | network of the training containers (compose: the stack's) |
+
+``TRAINER_JOB`` bundles the settings the DAG's train and export tasks share.
 """
 
 from __future__ import annotations
 
 import os
 
+from operators.job import HorovodJobSettings
+from operators.launchers.docker import DockerOptions
 from trainer.contract import LATEST_NAME
 
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
@@ -32,3 +36,13 @@ DOCKER_NETWORK = os.environ.get("HVA_DOCKER_NETWORK") or None
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
+#: What the pipeline's Horovod jobs (train and export) share, for whichever launcher the
+#: trigger form picks: ``HorovodTrainOperator(..., **TRAINER_JOB)``. The docker options are
+#: used when the launcher renders to ``"docker"``, unused otherwise (see the launcher options
+#: rule of ``operators.job.HorovodJobOperatorBase``).
+TRAINER_JOB: HorovodJobSettings = {
+    "aws_conn_id": AWS_CONN_ID,
+    "image": TRAINER_IMAGE,
+    "gpus_per_proc": GPUS_PER_PROC,
+    "docker": DockerOptions(network_mode=DOCKER_NETWORK),
+}

@@ -47,7 +47,6 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         (templated, as the ``output_uri`` attribute: ``BaseOperator.output`` is the XComArg).
     :param trainer_args: extra program arguments: a dict (``batch_size=64`` → ``--batch-size
         64``; True → bare flag; False/None → omitted) or a list of strings (templated).
-    :param hosts: ``"host:slots,..."`` or a list; None → ``localhost:<num_proc>``.
     :param entrypoint: the program, default ``python -m trainer train``.
     :param metric_key: the gate metric that must be in metrics.json.
     :param resume_on_retry: add ``--resume`` on a later try (``try_number > 1``) of a run
@@ -57,12 +56,14 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     person cleared a successful train) raises :class:`TrainingCompletedError` instead of
     reusing or overwriting that model: trigger a new DAG run to train again. Settings that
     are invalid once rendered raise :class:`HorovodConfigError`; both fail without retrying.
-    :param ssh_port / ssh_identity_file / network_interface: passed to horovodrun.
     :param controller: horovodrun's controller, ``"gloo"`` (default: what this project's
         Horovod builds have), ``"mpi"`` (a Horovod built with MPI; needed for Adasum) or
         ``"auto"`` (horovodrun probes the build and prefers MPI; the probe costs seconds).
 
-    Plus the launcher settings of :class:`operators.job.HorovodJobOperatorBase`.
+    Plus the settings of :class:`operators.job.HorovodJobOperatorBase`: ``launcher``, its
+    options objects (hosts and horovodrun's ssh settings are
+    :class:`~operators.launchers.local.LocalOptions`), and the timeout rule
+    (``execution_timeout``).
     """
 
     template_fields: Sequence[str] = (
@@ -82,14 +83,10 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         data: str,
         output: str,
         num_proc: int | str = 1,
-        hosts: str | Sequence[str] | None = None,
         entrypoint: Sequence[str] = TRAINER_ENTRYPOINT,
         trainer_args: Mapping[str, Any] | Sequence[str] | None = None,
         metric_key: str = "val_accuracy",
         resume_on_retry: bool = True,
-        ssh_port: int | None = None,
-        ssh_identity_file: str | None = None,
-        network_interface: str | None = None,
         controller: str = "gloo",
         **kwargs: Any,
     ) -> None:
@@ -113,36 +110,15 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             trainer_args_to_argv(trainer_args)  # raises ValueError naming the bad key
         if not metric_key or not isinstance(metric_key, str):
             raise ValueError(f"metric_key must be a non-empty string, got {metric_key!r}")
-        if ssh_port is not None and not (isinstance(ssh_port, int) and 0 < ssh_port < 65536):
-            raise ValueError(f"ssh_port must be a TCP port 1-65535, got {ssh_port!r}")
         check_controller(controller)
-        if hosts is not None and not is_templated(hosts):
-            parse_hosts(hosts, 1)  # raises ValueError naming the bad entry
         self.data = data
         self.output_uri = output
         self.num_proc = num_proc
-        self.hosts = hosts
         self.entrypoint = tuple(entrypoint)
         self.trainer_args = trainer_args
         self.metric_key = metric_key
         self.resume_on_retry = resume_on_retry
-        self.ssh_port = ssh_port
-        self.ssh_identity_file = ssh_identity_file
-        self.network_interface = network_interface
         self.controller = controller
-        if not is_templated(self.launcher):
-            self.check_launcher_settings()
-
-    def launcher_only_settings(self) -> dict[str, list[str]]:
-        """Adds horovodrun's ssh settings: only the local launcher picks the hosts it reaches
-        (kubernetes: the image's sshd port and the MPI Operator's key; docker: localhost)."""
-        settings = super().launcher_only_settings()
-        settings["local"] = [
-            name
-            for name in ("ssh_port", "ssh_identity_file", "network_interface")
-            if getattr(self, name, None) is not None
-        ]
-        return settings
 
     def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         """Validate the rendered fields and build the job (command, env, secrets).
@@ -172,12 +148,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     def _build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         self.check_launcher_settings()
         num_proc = as_int(self.num_proc, "num_proc", minimum=1)
-        hosts = parse_hosts(self.hosts, num_proc)
-        if self.launcher != "local" and self.hosts is not None:
-            raise ValueError(
-                f"hosts is only for launcher='local' (docker runs localhost:{num_proc}, "
-                f"kubernetes places ranks on MPIJob workers); got hosts={self.hosts!r}"
-            )
+        # docker runs localhost:num_proc; kubernetes places the ranks on MPIJob workers.
+        local = self.options("local")
+        hosts = parse_hosts(local.hosts if self.launcher == "local" else None, num_proc)
         ti = context.get("ti")
         try_number = int(getattr(ti, "try_number", 1) or 1)
         if try_number > 1:
@@ -204,18 +177,20 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
                 program,
                 num_proc=num_proc,
                 hosts=hosts,
-                ssh_port=self.ssh_port,
-                ssh_identity_file=self.ssh_identity_file,
-                network_interface=self.network_interface,
+                ssh_port=local.ssh_port,
+                ssh_identity_file=local.ssh_identity_file,
+                network_interface=local.network_interface,
                 controller=self.controller,
             )
+            at = argv.index("-np")
+            argv[at:at] = local.horovodrun_args
             if not all(h.is_local for h in hosts) and secret:
                 self.log.warning(
                     "hosts %s are remote: the ranks there read credentials from %s only if "
                     "rank_env_dir is a folder all hosts share; otherwise they use their own "
                     "(instance role, ~/.aws). Secrets are never put on the ssh command line.",
                     ",".join(map(str, hosts)),
-                    self.rank_env_dir or "a private temp dir on this worker",
+                    local.rank_env_dir or "a private temp dir on this worker",
                 )
         else:
             # docker: ranks share one container; kubernetes: the launcher builds -H itself.
@@ -227,7 +202,6 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             secret_env=secret,
             num_proc=num_proc,
             gpus_per_proc=self.gpus_per_proc,
-            timeout=self.timeout,
             distributed=True,
             preflight_argv=preflight,
             controller=self.controller,
@@ -236,6 +210,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         return spec, hosts
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self.start_clock()
         spec, hosts = self.build_spec(context)
         self.log.info(
             "launching %d ranks with %s: %s", spec.num_proc, self.launcher, shlex.join(spec.argv)

@@ -17,7 +17,8 @@ from operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
 
 class MPIJobTrigger(BaseTrigger):
     """Poll a Kubeflow MPIJob (or, with ``kubernetes_api="trainjob"``, a Kubeflow Trainer
-    TrainJob) until it succeeds, fails or runs past ``timeout``.
+    TrainJob) until it succeeds, fails or runs past ``timeout`` (seconds from ``started_at``:
+    the deadline the operator derived from its ``execution_timeout``).
 
     Transient API errors (HTTP 5xx, 429, no connection) are retried with exponential backoff
     (``api_backoff`` seconds, doubling, at most ``api_retries`` in a row); any other error
@@ -78,14 +79,14 @@ class MPIJobTrigger(BaseTrigger):
         )
 
     def _launcher(self) -> Any:
-        from operators.launchers.kubernetes import KubernetesLauncher
+        from operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
 
-        return KubernetesLauncher(
-            image="",
+        options = KubernetesOptions(
             kubernetes_conn_id=self.kubernetes_conn_id,
             namespace=self.namespace,
             kubernetes_api=self.kubernetes_api,
         )
+        return KubernetesLauncher(image="", options=options)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         ref = {"name": self.name, "namespace": self.namespace}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from operators.command import stash_secrets_script
@@ -31,6 +32,29 @@ from operators.launchers.base import (
 )
 
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+CLEANUP_POLICIES = ("delete", "keep", "delete_on_success")
+#: ``create_container`` arguments the launcher owns: the job (image, command, name,
+#: environment with the credentials, labels that find the container again) and the ones an
+#: option below owns. Refused in ``DockerOptions.container_overrides``.
+OWNED_CONTAINER_KEYS = {
+    "image": "the operator's image",
+    "command": "the job's command",
+    "name": "the job name (a retry finds its container by it)",
+    "environment": "the operator's env / secret_env / aws_conn_id",
+    "labels": "the job's labels (a retry finds its container by them)",
+    "detach": "the launcher (it attaches itself)",
+    "host_config": "host_config_overrides",
+    "working_dir": "DockerOptions.working_dir",
+}
+#: Host-config arguments an option owns: refused in ``DockerOptions.host_config_overrides``.
+OWNED_HOST_CONFIG_KEYS = {
+    "binds": "DockerOptions.mounts",
+    "mounts": "DockerOptions.mounts",
+    "device_requests": "the operator's gpus_per_proc",
+    "ipc_mode": "DockerOptions.ipc_mode",
+    "shm_size": "DockerOptions.shm_size",
+    "network_mode": "DockerOptions.network_mode",
+}
 
 
 def DockerHook(**kwargs: Any) -> Any:
@@ -68,36 +92,84 @@ def split_mounts(mounts: Sequence[Any]) -> tuple[list[str], list[Any]]:
     return binds, objects
 
 
+def _refuse_owned(overrides: Any, field_name: str, owned: Mapping[str, str]) -> None:
+    if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
+        raise ValueError(f"{field_name} must be a dict of argument → value, got {overrides!r}")
+    for key in overrides:
+        if key in owned:
+            raise ValueError(f"{field_name}[{key!r}]: set by the launcher from {owned[key]}")
+
+
+@dataclass(frozen=True)
+class DockerOptions:
+    """Settings of ``launcher="docker"`` (one container; all ranks on localhost in it).
+
+    :param docker_conn_id: Airflow Docker connection for registry login (private images).
+    :param docker_url: the engine; None: ``$DOCKER_HOST`` or the local socket (a Podman
+        socket works the same).
+    :param mounts: bind mounts: ``"host:container[:ro|rw]"`` strings or ``docker.types.Mount``.
+    :param ipc_mode: IPC namespace, default ``"host"`` (Gloo/NCCL shared memory).
+    :param shm_size: ``/dev/shm`` size when ``ipc_mode`` is not ``"host"``.
+    :param network_mode: the container's network (e.g. the compose stack's); None: default.
+    :param working_dir: the container's working directory; None: the image's.
+    :param cleanup: ``"delete"``, ``"keep"`` or ``"delete_on_success"``; a container whose
+        environment holds credentials is removed whatever this says.
+    :param force_pull: pull ``image`` before every job; by default only when missing.
+    :param container_overrides: extra ``APIClient.create_container`` arguments merged over
+        what the launcher builds (e.g. ``{"user": "1000", "hostname": "trainer"}``); the
+        keys the launcher owns (``OWNED_CONTAINER_KEYS``) are refused.
+    :param host_config_overrides: extra ``create_host_config`` arguments merged over the
+        launcher's (e.g. ``{"cpuset_cpus": "0-3", "ulimits": [...]}``); the keys an option
+        owns (``OWNED_HOST_CONFIG_KEYS``) are refused.
+    """
+
+    docker_conn_id: str | None = None
+    docker_url: str | None = None
+    mounts: Sequence[Any] = ()
+    ipc_mode: str = "host"
+    shm_size: str | None = "1g"
+    network_mode: str | None = None
+    working_dir: str | None = None
+    cleanup: str = "delete_on_success"
+    force_pull: bool = False
+    container_overrides: Mapping[str, Any] = field(default_factory=dict)
+    host_config_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mounts, str):
+            raise ValueError(f"mounts must be a list, got the string {self.mounts!r}")
+        split_mounts(self.mounts)  # raises ValueError naming a bad mount
+        if self.cleanup not in CLEANUP_POLICIES:
+            raise ValueError(
+                f"cleanup must be one of {', '.join(CLEANUP_POLICIES)}; got {self.cleanup!r}"
+            )
+        for name in ("docker_conn_id", "docker_url", "network_mode", "working_dir"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if not isinstance(self.ipc_mode, str) or not self.ipc_mode:
+            raise ValueError(f"ipc_mode must be a string like 'host', got {self.ipc_mode!r}")
+        if not isinstance(self.force_pull, bool):
+            raise ValueError(f"force_pull must be True or False, got {self.force_pull!r}")
+        _refuse_owned(self.container_overrides, "container_overrides", OWNED_CONTAINER_KEYS)
+        _refuse_owned(self.host_config_overrides, "host_config_overrides", OWNED_HOST_CONFIG_KEYS)
+
+
 class DockerLauncher(Launcher):
     """One container per job; all ranks on localhost inside it."""
 
     name = "docker"
 
     def __init__(
-        self,
-        *,
-        image: str,
-        docker_conn_id: str | None = None,
-        docker_url: str | None = None,
-        mounts: Sequence[Any] = (),
-        shm_size: str | None = "1g",
-        ipc_mode: str = "host",
-        network_mode: str | None = None,
-        working_dir: str | None = None,
-        cleanup: str = "delete",
-        force_pull: bool = False,
-        client: Any | None = None,
+        self, *, image: str, options: DockerOptions | None = None, client: Any | None = None
     ) -> None:
         self.image = image
-        self.docker_conn_id = docker_conn_id
-        self.docker_url = docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
-        self.binds, self.mount_objects = split_mounts(mounts)
-        self.shm_size = shm_size
-        self.ipc_mode = ipc_mode
-        self.network_mode = network_mode
-        self.working_dir = working_dir
-        self.cleanup = cleanup
-        self.force_pull = force_pull
+        self.options = options = options or DockerOptions()
+        self.docker_conn_id = options.docker_conn_id
+        self.docker_url = options.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_URL
+        self.binds, self.mount_objects = split_mounts(options.mounts)
+        self.cleanup = options.cleanup
+        self.force_pull = options.force_pull
         self._client = client  # injectable (e.g. a docker.APIClient for a podman socket)
         self._container_id: str | None = None
         self._lock = threading.Lock()
@@ -128,29 +200,36 @@ class DockerLauncher(Launcher):
         """``APIClient.create_container`` arguments (host config included); tests assert them."""
         from docker.types import DeviceRequest
 
+        opts = self.options
         gpus = spec.num_proc * spec.gpus_per_proc if spec.distributed else spec.gpus_per_proc
-        host_config = self.client.create_host_config(
-            binds=self.binds or None,
-            mounts=self.mount_objects or None,
-            device_requests=(
+        host_config_kwargs: dict[str, Any] = {
+            "binds": self.binds or None,
+            "mounts": self.mount_objects or None,
+            "device_requests": (
                 [DeviceRequest(count=gpus, capabilities=[["gpu"]])] if gpus > 0 else None
             ),
             # Gloo/NCCL use shared memory between the ranks. With host IPC that is the host's
             # /dev/shm, and shm_size does not apply (Docker ignores it, podman refuses it).
-            ipc_mode=self.ipc_mode,
-            shm_size=None if self.ipc_mode == "host" else self.shm_size,
-            init=True,  # horovodrun is not PID 1: SIGTERM on stop reaches it at once
-            network_mode=self.network_mode,
-        )
+            "ipc_mode": opts.ipc_mode,
+            "shm_size": None if opts.ipc_mode == "host" else opts.shm_size,
+            "init": True,  # horovodrun is not PID 1: SIGTERM on stop reaches it at once
+            "network_mode": opts.network_mode,
+            **opts.host_config_overrides,
+        }
+        try:
+            host_config = self.client.create_host_config(**host_config_kwargs)
+        except TypeError as e:  # docker-py names the unknown argument
+            raise ValueError(f"DockerOptions.host_config_overrides: {e}") from e
         return {
             "image": self.image,
             "command": self.container_command(spec),
             "environment": {**spec.env, "PYTHONUNBUFFERED": "1", **spec.secret_env},
             "host_config": host_config,
             "name": spec.name,
-            "working_dir": self.working_dir,
+            "working_dir": opts.working_dir,
             "labels": {**spec.labels, JOB_LABEL: spec.name},
             "detach": True,
+            **opts.container_overrides,
         }
 
     def run(self, spec: JobSpec, log: Any) -> JobResult:

@@ -16,6 +16,7 @@ the operator — by :class:`operators.triggers.MPIJobTrigger`, freeing the worke
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import math
 import re
@@ -194,6 +195,227 @@ class PodOptions:
             pod_spec["priorityClassName"] = self.priority_class
         if self.image_pull_policy:
             container["imagePullPolicy"] = self.image_pull_policy
+
+
+CLEANUP_POLICIES = ("delete", "keep", "delete_on_success")
+
+
+@dataclass(frozen=True)
+class KubernetesOptions(PodOptions):
+    """Settings of ``launcher="kubernetes"`` (a Kubeflow MPIJob or TrainJob): the pod settings
+    of :class:`PodOptions` (``service_account``, ``image_pull_policy``, ``image_pull_secrets``,
+    ``node_selector``, ``tolerations``, ``priority_class``, ``worker_resources``,
+    ``launcher_resources``: set on both pods) and:
+
+    :param kubernetes_conn_id / namespace: the cluster; None namespace: the connection's.
+    :param kubernetes_api: ``"mpijob"`` (default: a Kubeflow MPI Operator MPIJob) or
+        ``"trainjob"`` (a Kubeflow Trainer v2 TrainJob with its own TrainingRuntime); the same
+        pods and settings either way.
+    :param slots_per_worker: ranks per worker pod (``num_proc`` must be a multiple; a
+        one-process export uses one slot on one worker pod).
+    :param cleanup: ``"delete"``, ``"keep"`` or ``"delete_on_success"`` (the credential
+        Secret never outlives a finished job).
+    :param deferrable: free the Airflow worker slot while the MPIJob runs (a trigger waits).
+    :param poll_interval: seconds between MPIJob status checks.
+    :param startup_timeout: seconds the pods may take to start (scheduling, image pull)
+        before the task fails naming the pod and the reason; None: no limit.
+    :param mpijob_overrides: a dict deep-merged into the MPIJob manifest last (dicts merge
+        key by key; lists of named dicts such as ``containers``, ``env``, ``volumes`` merge by
+        ``name``; other lists and values replace), e.g. ``{"spec": {"mpiReplicaSpecs":
+        {"Worker": {"template": {"spec": {"hostIPC": True}}}}}}``. What the launcher owns
+        (``OWNED_MPIJOB_PATHS``: the job's name, namespace, command, image, replicas, slots,
+        deadline) is refused when the merge would change it. MPIJob only.
+    :param trainjob_overrides: the same escape hatch for ``kubernetes_api="trainjob"``, per
+        manifest kind: ``{"TrainingRuntime": {...}, "TrainJob": {...}}`` (either or both), each
+        deep-merged into that manifest last, e.g. ``{"TrainingRuntime": {"spec": {"template":
+        {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template":
+        {"spec": {"hostIPC": True}}}}}]}}}}}``. What the launcher owns
+        (``OWNED_TRAINJOB_PATHS``: names, namespaces, the runtime reference, node count, ranks
+        per node, parallelism, command, image, deadline) is refused when the merge would change
+        it. TrainJob only.
+
+    The workers' sshd port is the image's (``WORKER_SSH_PORT``, checked against
+    ``docker/trainer-sshd_config``), not an option.
+    """
+
+    kubernetes_conn_id: str | None = "kubernetes_default"
+    namespace: str | None = None
+    slots_per_worker: int = 1
+    cleanup: str = "delete_on_success"
+    deferrable: bool = False
+    poll_interval: float = 15.0
+    startup_timeout: float | None = STARTUP_TIMEOUT_S
+    mpijob_overrides: Mapping[str, Any] = field(default_factory=dict)
+    kubernetes_api: str = "mpijob"
+    trainjob_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        flavour(self.kubernetes_api)  # raises ValueError naming the allowed values
+        for name in ("kubernetes_conn_id", "namespace"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        slots = self.slots_per_worker
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots_per_worker must be an integer ≥ 1, got {slots!r}")
+        if self.cleanup not in CLEANUP_POLICIES:
+            raise ValueError(
+                f"cleanup must be one of {', '.join(CLEANUP_POLICIES)}; got {self.cleanup!r}"
+            )
+        if not isinstance(self.deferrable, bool):
+            raise ValueError(f"deferrable must be True or False, got {self.deferrable!r}")
+        for name, optional in (("poll_interval", False), ("startup_timeout", True)):
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(
+                    f"{name} must be a positive number of seconds"
+                    f"{' or None' if optional else ''}, got {value!r}"
+                )
+        if not isinstance(self.mpijob_overrides, Mapping):
+            raise ValueError(f"mpijob_overrides must be a dict, got {self.mpijob_overrides!r}")
+        trainjob = self.trainjob_overrides
+        if not isinstance(trainjob, Mapping) or any(
+            kind not in OWNED_TRAINJOB_PATHS or not isinstance(value, Mapping)
+            for kind, value in trainjob.items()
+        ):
+            raise ValueError(
+                f"trainjob_overrides must be a dict of manifest kind "
+                f"({' or '.join(map(repr, OWNED_TRAINJOB_PATHS))}) → dict, got {trainjob!r}"
+            )
+        for name, api in (("mpijob_overrides", "mpijob"), ("trainjob_overrides", "trainjob")):
+            if getattr(self, name) and self.kubernetes_api != api:
+                raise ValueError(
+                    f"{name} applies to kubernetes_api={api!r} only, and kubernetes_api is "
+                    f"{self.kubernetes_api!r}; remove it"
+                    f"{' (use trainjob_overrides)' if api == 'mpijob' else ''}"
+                )
+
+    def pod_options(self) -> PodOptions:
+        """The :class:`PodOptions` part (what both pod templates get)."""
+        return PodOptions(**{f.name: getattr(self, f.name) for f in fields(PodOptions)})
+
+
+def _named(items: Any) -> bool:
+    return isinstance(items, list) and all(
+        isinstance(i, Mapping) and isinstance(i.get("name"), str) for i in items
+    )
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """``override`` merged into ``base`` (neither is changed): dicts key by key, lists of
+    named dicts (containers, env, volumes) by ``name``, anything else replaced."""
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        merged = {k: copy.deepcopy(v) for k, v in base.items()}
+        for key, value in override.items():
+            merged[key] = deep_merge(base[key], value) if key in base else copy.deepcopy(value)
+        return merged
+    if _named(base) and _named(override):
+        by_name = {item["name"]: item for item in override}
+        merged_list = [deep_merge(item, by_name.pop(item["name"], {})) for item in base]
+        return merged_list + [copy.deepcopy(item) for item in override if item["name"] in by_name]
+    return copy.deepcopy(override)
+
+
+def _get(obj: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if isinstance(obj, list):
+            obj = next((i for i in obj if isinstance(i, Mapping) and i.get("name") == key), None)
+        elif isinstance(obj, Mapping):
+            obj = obj.get(key)
+        else:
+            return None
+    return obj
+
+
+_ROLES = {"Launcher": "launcher", "Worker": "worker"}
+#: What ``mpijob_overrides`` may not change (path → what owns it). A path segment inside a
+#: list of named dicts is the item's ``name``.
+OWNED_MPIJOB_PATHS: dict[tuple[str, ...], str] = {
+    ("apiVersion",): "the MPI Operator API this launcher speaks",
+    ("kind",): "the MPI Operator API this launcher speaks",
+    ("metadata", "name"): "the job name (a retry finds its job by it)",
+    ("metadata", "namespace"): "KubernetesOptions.namespace",
+    ("spec", "slotsPerWorker"): "KubernetesOptions.slots_per_worker",
+    ("spec", "runPolicy", "activeDeadlineSeconds"): "the operator's execution_timeout",
+    **{
+        ("spec", "mpiReplicaSpecs", replica, "replicas"): "num_proc / slots_per_worker"
+        for replica in _ROLES
+    },
+    **{
+        ("spec", "mpiReplicaSpecs", replica, "template", "spec", "containers", c, key): what
+        for replica, c in _ROLES.items()
+        for key, what in (("command", "the job's command"), ("image", "the operator's image"))
+    },
+}
+
+
+_TRAINJOB_ROLE_CONTAINERS = {TRAINJOB_NODE: TRAINJOB_NODE, TRAINJOB_LAUNCHER: TRAINJOB_LAUNCHER}
+_RUNTIME_JOBS = ("spec", "template", "spec", "replicatedJobs")
+_TRAINER_API = "the Trainer API this launcher speaks"
+#: What ``trainjob_overrides`` may not change, per manifest kind (path → what owns it); a
+#: path segment inside a list of named dicts (``replicatedJobs``, ``containers``) is the
+#: item's ``name``.
+OWNED_TRAINJOB_PATHS: dict[str, dict[tuple[str, ...], str]] = {
+    "TrainingRuntime": {
+        ("apiVersion",): _TRAINER_API,
+        ("kind",): _TRAINER_API,
+        ("metadata", "name"): "the job name (the TrainJob's runtimeRef names it)",
+        ("metadata", "namespace"): "KubernetesOptions.namespace",
+        ("spec", "mlPolicy", "numNodes"): "num_proc / slots_per_worker",
+        ("spec", "mlPolicy", "mpi", "numProcPerNode"): "KubernetesOptions.slots_per_worker",
+        **{
+            (*_RUNTIME_JOBS, job, "template", "spec", key): "num_proc / slots_per_worker"
+            for job in _TRAINJOB_ROLE_CONTAINERS
+            for key in ("parallelism", "completions")
+        },
+        **{
+            (*_RUNTIME_JOBS, job, "template", "spec", "template", "spec", "containers", c, key): (
+                what
+            )
+            for job, c in _TRAINJOB_ROLE_CONTAINERS.items()
+            for key, what in (("command", "the job's command"), ("image", "the operator's image"))
+        },
+    },
+    "TrainJob": {
+        ("apiVersion",): _TRAINER_API,
+        ("kind",): _TRAINER_API,
+        ("metadata", "name"): "the job name (a retry finds its job by it)",
+        ("metadata", "namespace"): "KubernetesOptions.namespace",
+        ("spec", "runtimeRef"): "the job's own TrainingRuntime",
+        ("spec", "trainer", "numNodes"): "num_proc / slots_per_worker",
+        ("spec", "activeDeadlineSeconds"): "the operator's execution_timeout",
+    },
+}
+
+
+def apply_overrides(
+    manifest: dict[str, Any],
+    overrides: Mapping[str, Any],
+    owned: Mapping[tuple[str, ...], str],
+    option: str,
+) -> dict[str, Any]:
+    """``overrides`` deep-merged into ``manifest``; ValueError naming ``option`` and an owned
+    path it changes."""
+    if not overrides:
+        return manifest
+    merged = deep_merge(manifest, overrides)
+    for path, owner in owned.items():
+        if _get(merged, path) != _get(manifest, path):
+            raise ValueError(
+                f"{option} sets {'.'.join(path)}, which the launcher sets from {owner}"
+            )
+    return dict(merged)
+
+
+def apply_mpijob_overrides(
+    manifest: dict[str, Any], overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``overrides`` deep-merged into the MPIJob ``manifest``; ValueError naming an owned path
+    it changes."""
+    return apply_overrides(manifest, overrides, OWNED_MPIJOB_PATHS, "mpijob_overrides")
 
 
 def is_transient(error: BaseException) -> bool:
@@ -885,29 +1107,19 @@ class KubernetesLauncher(Launcher):
     name = "kubernetes"
 
     def __init__(
-        self,
-        *,
-        image: str,
-        kubernetes_conn_id: str | None = "kubernetes_default",
-        namespace: str | None = None,
-        slots_per_worker: int = 1,
-        poll_interval: float = 15.0,
-        cleanup: str = "delete_on_success",
-        pod_options: PodOptions | None = None,
-        startup_timeout: float | None = STARTUP_TIMEOUT_S,
-        kubernetes_api: str = "mpijob",
-        hook: Any | None = None,
+        self, *, image: str, options: KubernetesOptions | None = None, hook: Any | None = None
     ) -> None:
-        self.flavour = flavour(kubernetes_api)
-        self.startup_timeout = startup_timeout
+        self.options = options = options or KubernetesOptions()
+        self.flavour = flavour(options.kubernetes_api)
+        self.startup_timeout = options.startup_timeout
         self._started = False  # the job's launcher pod has left Pending
         self.image = image
-        self.pod_options = pod_options or PodOptions()
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self._namespace = namespace
-        self.slots_per_worker = slots_per_worker
-        self.poll_interval = poll_interval
-        self.cleanup = cleanup
+        self.pod_options = options.pod_options()
+        self.kubernetes_conn_id = options.kubernetes_conn_id
+        self._namespace = options.namespace
+        self.slots_per_worker = options.slots_per_worker
+        self.poll_interval = options.poll_interval
+        self.cleanup = options.cleanup
         self._hook = hook
         self._ref: dict[str, str] | None = None
 
@@ -929,7 +1141,8 @@ class KubernetesLauncher(Launcher):
         """What the job is made of, in creation order, the job last: the MPIJob, or the
         TrainJob's TrainingRuntime and the TrainJob. A one-process job (``spec.distributed``
         False, e.g. the export) runs as one rank on one worker pod, whatever
-        ``slots_per_worker`` the training uses."""
+        ``slots_per_worker`` the training uses. ``mpijob_overrides`` (MPIJob) or
+        ``trainjob_overrides`` (per kind) is merged in last."""
         slots = self.slots_per_worker if spec.distributed else 1
         build = build_trainjob if self.flavour.job is TRAINJOB else build_mpijob
         made = build(
@@ -939,7 +1152,17 @@ class KubernetesLauncher(Launcher):
             slots_per_worker=slots,
             pod_options=self.pod_options,
         )
-        return list(made) if isinstance(made, tuple) else [made]
+        if isinstance(made, tuple):
+            return [
+                apply_overrides(
+                    m,
+                    self.options.trainjob_overrides.get(m["kind"], {}),
+                    OWNED_TRAINJOB_PATHS[m["kind"]],
+                    f"trainjob_overrides[{m['kind']!r}]",
+                )
+                for m in made
+            ]
+        return [apply_mpijob_overrides(made, self.options.mpijob_overrides)]
 
     def manifest(self, spec: JobSpec) -> dict[str, Any]:
         """The job's own manifest (MPIJob or TrainJob)."""

@@ -21,7 +21,7 @@ from operators import HorovodTrainingError, HorovodTrainOperator
 from operators.staging import stage_dataset
 from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
 from tests.operators.helpers import TaskLog as OperatorTaskLog
-from tests.operators.helpers import context
+from tests.operators.helpers import context, with_launcher_options
 
 # Each test starts horovodrun and imports torch in a container: over a minute on 2 busy cores.
 pytestmark = [
@@ -55,7 +55,8 @@ def task_log(capsys: pytest.CaptureFixture[str]) -> TaskLog:
 
 def docker_op(engine: PodmanEngine, data: str, output: str, **kwargs: Any) -> HorovodTrainOperator:
     kwargs.setdefault("entrypoint", PROBE)
-    return HorovodTrainOperator(
+    # The loose launcher settings go into the options object of the launcher they belong to.
+    settings = dict(
         task_id=kwargs.pop("task_id", "train_in_podman"),
         launcher="docker",
         image=engine.image,
@@ -72,6 +73,7 @@ def docker_op(engine: PodmanEngine, data: str, output: str, **kwargs: Any) -> Ho
         output=output,
         **kwargs,
     )
+    return HorovodTrainOperator(**with_launcher_options(settings))
 
 
 def fresh_context() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from tests.engines.conftest import (
     assert_same_training,
     read_json,
 )
-from tests.operators.helpers import context
+from tests.operators.helpers import context, with_launcher_options
 
 # Each run starts three containers of the 6.6 GB trainer image and imports torch in each rank.
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -50,7 +50,8 @@ FAIL_WITHIN_S = 90
 
 
 def k8s_op(data: str, output: str, **kwargs: Any) -> HorovodTrainOperator:
-    return HorovodTrainOperator(
+    # The loose launcher settings go into the options object of the launcher they belong to.
+    settings = dict(
         task_id=kwargs.pop("task_id", "train_mpijob"),
         launcher="kubernetes",
         image=TRAINER_IMAGE,
@@ -64,6 +65,7 @@ def k8s_op(data: str, output: str, **kwargs: Any) -> HorovodTrainOperator:
         output=output,
         **kwargs,
     )
+    return HorovodTrainOperator(**with_launcher_options(settings))
 
 
 def execute(op: HorovodTrainOperator, cluster: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from tests.engines.conftest import (
     assert_same_training,
     read_json,
 )
-from tests.operators.helpers import context
+from tests.operators.helpers import context, with_launcher_options
 
 pytestmark = pytest.mark.engine
 
@@ -44,7 +44,8 @@ NO_RANK_WITHIN_S = 20
 
 
 def train_op(output: str, data: str, **kwargs: Any) -> HorovodTrainOperator:
-    return HorovodTrainOperator(
+    # The loose launcher settings go into the options object of the launcher they belong to.
+    settings = dict(
         task_id=kwargs.pop("task_id", "train_two_hosts"),
         launcher="local",
         aws_conn_id=NETNS_CONN_ID,
@@ -53,6 +54,7 @@ def train_op(output: str, data: str, **kwargs: Any) -> HorovodTrainOperator:
         output=output,
         **kwargs,
     )
+    return HorovodTrainOperator(**with_launcher_options(settings))
 
 
 def on_hosts(hosts: SimulatedHosts) -> dict[str, Any]:

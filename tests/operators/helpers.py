@@ -206,3 +206,28 @@ def put_run_artifacts(
     exported = {"onnx_uri": f"{run}/onnx/model.onnx", "parity_uri": f"{run}/onnx/parity.json",
                 "passed": True}  # fmt: skip
     return trained, exported
+
+
+def with_launcher_options(kw: dict[str, Any]) -> dict[str, Any]:
+    """The tests' shorthand: loose launcher settings (``namespace="ml"``, ``mounts=[...]``)
+    moved into the options object of the launcher they belong to (``kubernetes=
+    KubernetesOptions(namespace="ml")``); one both launchers have goes to ``kw["launcher"]``'s."""
+    import dataclasses
+
+    from operators.job import LAUNCHER_OPTIONS
+
+    out = dict(kw)
+    grouped: dict[str, dict[str, Any]] = {}
+    for key in list(out):
+        owners = [
+            name
+            for name, cls in LAUNCHER_OPTIONS.items()
+            if key in {f.name for f in dataclasses.fields(cls)}
+        ]
+        if not owners:
+            continue
+        owner = out.get("launcher") if len(owners) > 1 else owners[0]
+        grouped.setdefault(str(owner), {})[key] = out.pop(key)
+    for name, values in grouped.items():
+        out[name] = LAUNCHER_OPTIONS[name](**values)
+    return out

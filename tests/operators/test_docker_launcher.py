@@ -18,7 +18,7 @@ import requests
 from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
 from operators.command import RANK_ENV_WRAPPER
 from operators.launchers.base import JobSpec
-from operators.launchers.docker import DockerLauncher, split_mounts
+from operators.launchers.docker import DockerLauncher, DockerOptions, split_mounts
 from tests.operators.helpers import PROGRAM, LineLog, context
 
 SECRET = "docker-test-secret-value"
@@ -125,7 +125,7 @@ def spec(**kw: Any) -> JobSpec:
 
 
 def launcher(client: FakeDockerClient, **kw: Any) -> DockerLauncher:
-    return DockerLauncher(image="hva/trainer:1", client=client, **kw)
+    return DockerLauncher(image="hva/trainer:1", client=client, options=DockerOptions(**kw))
 
 
 def test_private_ipc_gets_the_sized_shm():
@@ -249,7 +249,7 @@ def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, secrets, r
 def test_timeout_stops_the_container():
     client = FakeDockerClient([b"slow\n"], requests.exceptions.ReadTimeout("read timed out"))
     with pytest.raises(HorovodTimeoutError) as err:
-        launcher(client).run(spec(timeout=5), LineLog())
+        launcher(client, cleanup="delete").run(spec(timeout=5), LineLog())
     assert err.value.timeout == 5
     assert ("wait", 5) in client.calls
     assert [c[0] for c in client.calls][-2:] == ["stop", "remove"]
@@ -302,8 +302,7 @@ def test_operator_uses_docker_hook_with_injectable_url(s3_server):
         entrypoint=PROGRAM,
         data=f"s3://{bucket}/d",
         output=f"s3://{bucket}/out",
-        docker_url="unix:///run/podman/podman.sock",
-        docker_conn_id=None,
+        docker=DockerOptions(docker_url="unix:///run/podman/podman.sock", docker_conn_id=None),
     )
     with mock.patch("operators.launchers.docker.DockerHook") as hook_cls:
         hook_cls.return_value.get_conn.return_value = client

@@ -34,13 +34,14 @@ from operators.launchers.kubernetes import (
     WORKER_SSHD_CONFIG,
     ApiRetry,
     KubernetesLauncher,
+    KubernetesOptions,
     PodOptions,
     build_mpijob,
     mpijob_phase,
     pod_start_failure,
 )
 from operators.triggers import MPIJobTrigger
-from tests.operators.helpers import PROGRAM, LineLog, context
+from tests.operators.helpers import PROGRAM, LineLog, context, with_launcher_options
 from tests.operators.mpijob_schema import mpijob_errors
 from trainer.contract import METRICS, PARITY
 from trainer.model import preprocessing
@@ -321,7 +322,11 @@ def test_the_ranks_user_can_read_the_mounted_secrets():
 def test_every_mpijob_runs_the_images_sshd_and_reaches_it(distributed):
     """Workers run the image's sshd in the foreground; the MPI Operator mounts the key pair in
     the image user's ~/.ssh; horovodrun in the launcher uses the sshd's port."""
-    kl = KubernetesLauncher(image="hva/trainer:1", hook=FakeHook([RUNNING]), slots_per_worker=2)
+    kl = KubernetesLauncher(
+        image="hva/trainer:1",
+        hook=FakeHook([RUNNING]),
+        options=KubernetesOptions(slots_per_worker=2),
+    )
     body = kl.manifest(spec(distributed=distributed, num_proc=4 if distributed else 1))
     assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
     replicas = body["spec"]["mpiReplicaSpecs"]
@@ -363,7 +368,8 @@ def test_mpijob_phase(obj, phase):
 
 def launcher(hook: FakeHook, **kw: Any) -> KubernetesLauncher:
     kw.setdefault("poll_interval", 0.01)
-    return KubernetesLauncher(image="hva/trainer:1", hook=hook, slots_per_worker=2, **kw)
+    options = KubernetesOptions(slots_per_worker=2, **kw)
+    return KubernetesLauncher(image="hva/trainer:1", hook=hook, options=options)
 
 
 def test_polling_success_creates_secret_surfaces_log_and_cleans_up():
@@ -561,13 +567,11 @@ def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
         launcher="kubernetes",
         image="hva/trainer:1",
         num_proc=4,
-        slots_per_worker=2,
         gpus_per_proc=1,
         entrypoint=PROGRAM,
-        deferrable=True,
         data=f"s3://{bucket}/d",
         output=f"s3://{bucket}/out",
-        namespace="ml",
+        kubernetes=KubernetesOptions(slots_per_worker=2, deferrable=True, namespace="ml"),
     )
     hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:trained")
     with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
@@ -590,6 +594,12 @@ def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
 
 
 def export_op(bucket: str, **kw: Any) -> HorovodExportOperator:
+    options = KubernetesOptions(
+        slots_per_worker=2,  # the training's; the one-process export uses one slot
+        namespace="ml",
+        poll_interval=0.01,
+        **kw,
+    )
     return HorovodExportOperator(
         task_id="export_onnx",
         launcher="kubernetes",
@@ -597,11 +607,8 @@ def export_op(bucket: str, **kw: Any) -> HorovodExportOperator:
         checkpoint=f"s3://{bucket}/out/checkpoint.pt",
         output=f"s3://{bucket}/out/onnx",
         data=f"s3://{bucket}/d",
-        slots_per_worker=2,  # the training's; the one-process export uses one slot
         gpus_per_proc=1,
-        namespace="ml",
-        poll_interval=0.01,
-        **kw,
+        kubernetes=options,
     )
 
 
@@ -695,7 +702,7 @@ def k8s_train_op(**kw: Any) -> HorovodTrainOperator:
         namespace="ml",
         aws_conn_id=None,
     )
-    return HorovodTrainOperator(**{**base, **kw})
+    return HorovodTrainOperator(**with_launcher_options({**base, **kw}))
 
 
 def test_pod_settings_reach_both_pod_templates_from_the_operator():
@@ -759,32 +766,68 @@ def test_bad_pod_settings_are_named_at_parse_time(kwargs, message):
         k8s_train_op(**kwargs)
 
 
-@pytest.mark.parametrize("launcher", ["local", "docker"])
+@pytest.mark.parametrize("launcher", ["local", "docker", "kubernetes", "{{ params.launcher }}"])
 @pytest.mark.parametrize(
     "kwargs",
     [{k: v} for k, v in POD_OPTIONS.items()] + [{"deferrable": True}, {"startup_timeout": 60}],
     ids=str,
 )
-def test_kubernetes_settings_are_refused_with_another_launcher(launcher, kwargs):
+def test_loose_kubernetes_settings_are_refused_naming_their_options_object(launcher, kwargs):
+    """Whatever the launcher: a kubernetes setting lives in KubernetesOptions only."""
     (name,) = kwargs
     for operator in (HorovodTrainOperator, HorovodExportOperator):
         args: dict[str, Any] = {"task_id": "t", "output": "s3://b/o", "launcher": launcher,
                                 "image": "hva/trainer:1", **kwargs}  # fmt: skip
         args.update({"data": "s3://b/d"} if operator is HorovodTrainOperator else {})
         args.update({"checkpoint": "s3://b/c"} if operator is HorovodExportOperator else {})
-        with pytest.raises(ValueError, match=f"{name}: only used by launcher='kubernetes'"):
+        expected = (
+            f"{name} is an option of launcher 'kubernetes' only: "
+            f"pass kubernetes=KubernetesOptions({name}=...)"
+        )
+        with pytest.raises(ValueError, match=re.escape(expected)):
             operator(**args)
 
 
-def test_a_templated_launcher_is_checked_after_rendering():
-    from operators import HorovodConfigError
+@pytest.mark.parametrize("launcher", ["local", "docker"])
+def test_kubernetes_options_with_another_literal_launcher_are_refused(launcher):
+    for operator in (HorovodTrainOperator, HorovodExportOperator):
+        args: dict[str, Any] = {"task_id": "t", "output": "s3://b/o", "launcher": launcher,
+                                "kubernetes": KubernetesOptions(deferrable=True)}  # fmt: skip
+        args.update({"image": "hva/trainer:1"} if launcher == "docker" else {})
+        args.update({"data": "s3://b/d"} if operator is HorovodTrainOperator else {})
+        args.update({"checkpoint": "s3://b/c"} if operator is HorovodExportOperator else {})
+        expected = (
+            f"kubernetes=KubernetesOptions(...) is for launcher='kubernetes', and launcher is "
+            f"'{launcher}'"
+        )
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            operator(**args)
 
-    op = k8s_train_op(launcher="{{ params.launcher }}", node_selector={"gpu": "h200"})
+
+def test_a_templated_launcher_uses_the_options_of_the_one_it_renders_to():
+    """The DAG's case: the launcher comes from a Param, so the options of several launchers
+    stand side by side; after rendering, the chosen one's reach its launcher."""
+    from operators import HorovodConfigError
+    from operators.launchers.docker import DockerLauncher, DockerOptions
+
+    docker = DockerOptions(network_mode="stack")
+    op = k8s_train_op(
+        launcher="{{ params.launcher }}", node_selector={"gpu": "h200"}, docker=docker
+    )
     op.launcher = "docker"  # what the template rendered to
-    with pytest.raises(HorovodConfigError, match="node_selector: only used by launcher='kub"):
-        op.build_spec(context())
+    job, _ = op.build_spec(context())
+    launcher = op.make_launcher()
+    assert isinstance(launcher, DockerLauncher) and launcher.options is docker
     op.launcher = "kubernetes"
-    assert op.build_spec(context())[0].num_proc == 4
+    job, _ = op.build_spec(context())
+    kl = op.make_launcher()
+    assert isinstance(kl, KubernetesLauncher) and kl.options.namespace == "ml"
+    kl._hook = FakeHook([])
+    pod = kl.manifest(job)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h200"}
+    op.launcher = "slurm"
+    with pytest.raises(HorovodConfigError, match="launcher must be one of local, docker, kub"):
+        op.build_spec(context())
 
 
 @pytest.mark.parametrize(
@@ -795,9 +838,11 @@ def test_a_templated_launcher_is_checked_after_rendering():
 def test_horovodrun_ssh_settings_are_refused_on_kubernetes(kwargs):
     """The MPIJob's ssh is the image's sshd and the operator's key: a port or key given here
     would be ignored."""
-    (name,) = kwargs
-    with pytest.raises(ValueError, match=f"{name}: only used by launcher='local'"):
-        k8s_train_op(**kwargs)
+    from operators.launchers.local import LocalOptions
+
+    expected = "local=LocalOptions(...) is for launcher='local', and launcher is 'kubernetes'"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        k8s_train_op(local=LocalOptions(**kwargs))
 
 
 def left_by_try_1(state: dict[str, Any]) -> dict[str, Any]:
@@ -1142,7 +1187,7 @@ def manifests() -> dict[str, dict[str, Any]]:
             pod_options=PodOptions(**POD_OPTIONS),
         ),
         "one-rank export": KubernetesLauncher(
-            image="hva/trainer:1", hook=FakeHook([]), slots_per_worker=2
+            image="hva/trainer:1", hook=FakeHook([]), options=KubernetesOptions(slots_per_worker=2)
         ).manifest(spec(num_proc=1, distributed=False, labels=labels)),
         "cpu, no secrets, no timeout": build_mpijob(
             spec(gpus_per_proc=0, secret_env={}, timeout=None), image="hva/trainer:1",

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
 
 from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
-from tests.operators.helpers import PROGRAM, TaskLog, context, put_eval_set
+from operators.launchers.local import LocalOptions
+from tests.operators.helpers import PROGRAM, TaskLog, context, put_eval_set, with_launcher_options
 
 pytestmark = pytest.mark.usefixtures("s3_server")
 
@@ -25,7 +27,10 @@ def make_op(data: str, output: str, **kwargs) -> HorovodTrainOperator:
     kwargs.setdefault("entrypoint", PROGRAM)
     kwargs.setdefault("num_proc", 2)
     return HorovodTrainOperator(
-        task_id=kwargs.pop("task_id", "train"), data=data, output=output, **kwargs
+        task_id=kwargs.pop("task_id", "train"),
+        data=data,
+        output=output,
+        **with_launcher_options(kwargs),
     )
 
 
@@ -158,12 +163,19 @@ def test_timeout_stops_the_job(s3_server):
     bucket = s3_server.new_bucket()
     data, _ = put_eval_set(s3_server.client(), bucket, "eval")
     output = f"s3://{bucket}/runs/slow"
-    op = make_op(data, output, trainer_args={"sleep": 120}, timeout=25, kill_grace_s=5)
+    op = make_op(
+        data,
+        output,
+        trainer_args={"sleep": 120},
+        execution_timeout=timedelta(seconds=30),
+        kill_grace_s=5,
+    )
 
     with pytest.raises(HorovodTimeoutError) as err:
         op.execute(context())
 
-    assert err.value.timeout == 25
+    # The deadline is what execution_timeout leaves after the preflight, less a tenth.
+    assert 15 < err.value.timeout <= 27
     assert _job_processes(output) == []
 
 
@@ -251,7 +263,7 @@ def test_processes_reparented_away_from_a_dead_launch_are_killed(tmp_path):
     spec = JobSpec(name="orphan", argv=[str(script)], num_proc=1, distributed=False)
     started = time.monotonic()
     with pytest.raises(HorovodTrainingError) as err:
-        LocalLauncher(kill_grace_s=2).run(spec, logging.getLogger("test"))
+        LocalLauncher(options=LocalOptions(kill_grace_s=2)).run(spec, logging.getLogger("test"))
     assert time.monotonic() - started < 60  # not the orphan's 300 s
     assert "started the orphan" in err.value.log_tail
     orphan = int(pid_file.read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from datetime import timedelta
 from typing import Any
 from unittest import mock
 
@@ -15,7 +16,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
-from operators import HorovodLaunchError, HorovodTrainingError
+from operators import HorovodLaunchError, HorovodTrainingError, HorovodTrainOperator
 from operators.launchers.kubernetes import (
     ANCESTOR_LABEL,
     JOBSET_NAME_LABEL,
@@ -23,6 +24,7 @@ from operators.launchers.kubernetes import (
     SSH_AUTH_MOUNT_PATH,
     WORKER_COMMAND,
     KubernetesLauncher,
+    KubernetesOptions,
     PodOptions,
     build_trainjob,
     trainjob_phase,
@@ -108,9 +110,8 @@ class TrainerHook:
 
 def launcher(hook: TrainerHook, **kw: Any) -> KubernetesLauncher:
     kw.setdefault("poll_interval", 0.01)
-    return KubernetesLauncher(
-        image="hva/trainer:1", hook=hook, slots_per_worker=2, kubernetes_api="trainjob", **kw
-    )
+    options = KubernetesOptions(slots_per_worker=2, kubernetes_api="trainjob", **kw)
+    return KubernetesLauncher(image="hva/trainer:1", hook=hook, options=options)
 
 
 def replicated(runtime: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -167,7 +168,9 @@ def test_the_trainjob_references_its_own_mpi_runtime_of_the_mpijobs_pods():
 
 
 def test_pod_settings_reach_both_trainjob_pods_from_the_operator():
+    # k8s_train_op groups these into kubernetes=KubernetesOptions(kubernetes_api="trainjob", ...)
     op = k8s_train_op(kubernetes_api="trainjob", **POD_OPTIONS)
+    assert op.kubernetes_options.kubernetes_api == "trainjob"
     job, _ = op.build_spec(context())
     launcher_ = op.make_launcher()
     assert isinstance(launcher_, KubernetesLauncher) and launcher_.flavour.api == "trainjob"
@@ -185,11 +188,71 @@ def test_pod_settings_reach_both_trainjob_pods_from_the_operator():
     assert labels["horovod-airflow/job"] == job.name and labels["task_id"] == "train"
 
 
-def test_a_bad_kubernetes_api_is_named_and_it_is_a_kubernetes_setting():
+def test_a_bad_kubernetes_api_is_named_and_it_is_a_kubernetes_option():
     with pytest.raises(ValueError, match="kubernetes_api must be one of 'mpijob', 'trainjob'"):
-        k8s_train_op(kubernetes_api="pytorchjob")
-    with pytest.raises(ValueError, match="kubernetes_api: only used by launcher='kubernetes'"):
-        k8s_train_op(launcher="docker", kubernetes_api="trainjob")
+        KubernetesOptions(kubernetes_api="pytorchjob")
+    base = dict(task_id="t", data="s3://b/d", output="s3://b/o", image="i:1")
+    trainjob = KubernetesOptions(kubernetes_api="trainjob")
+    with pytest.raises(ValueError, match=r"kubernetes=KubernetesOptions\(...\) is for launcher"):
+        HorovodTrainOperator(launcher="docker", kubernetes=trainjob, **base)
+    # the former loose keyword is refused, naming the object it belongs to
+    with pytest.raises(
+        ValueError,
+        match=re.escape("kubernetes_api is an option of launcher 'kubernetes' only: pass "
+                        "kubernetes=KubernetesOptions(kubernetes_api=...)"),
+    ):  # fmt: skip
+        HorovodTrainOperator(launcher="kubernetes", kubernetes_api="trainjob", **base)
+
+
+def test_trainjob_overrides_merge_per_kind_and_owned_paths_are_refused():
+    node_pod = {
+        "hostIPC": True,
+        "containers": [{"name": "node", "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}],
+    }
+    overrides = {
+        "TrainingRuntime": {"spec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"template": {"spec": node_pod}}}}]}}}},
+        "TrainJob": {"metadata": {"annotations": {"team": "ml"}}},
+    }  # fmt: skip
+    runtime, trainjob = launcher(TrainerHook([]), trainjob_overrides=overrides).manifests(spec())
+    node = replicated(runtime)["node"]["template"]["spec"]["template"]["spec"]
+    assert node["hostIPC"] is True and node["securityContext"] == {"fsGroup": 1000}
+    env = {e["name"]: e.get("value") for e in node["containers"][0]["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["PYTHONUNBUFFERED"] == "1"
+    assert node["containers"][0]["command"] == list(WORKER_COMMAND)  # the launcher's stay
+    assert list(replicated(runtime)) == ["node", "launcher"]
+    assert trainjob["metadata"]["annotations"] == {"team": "ml"}
+    assert trainjob_errors(runtime) == [] and trainjob_errors(trainjob) == []
+
+    owned = [
+        ({"TrainJob": {"spec": {"activeDeadlineSeconds": 5}}}, "TrainJob", "execution_timeout"),
+        ({"TrainJob": {"spec": {"runtimeRef": {"name": "x"}}}}, "TrainJob", "spec.runtimeRef"),
+        ({"TrainJob": {"spec": {"trainer": {"numNodes": 9}}}}, "TrainJob", "numNodes"),
+        ({"TrainingRuntime": {"metadata": {"name": "x"}}}, "TrainingRuntime", "metadata.name"),
+        ({"TrainingRuntime": {"spec": {"mlPolicy": {"mpi": {"numProcPerNode": 8}}}}},
+         "TrainingRuntime", "numProcPerNode"),
+        ({"TrainingRuntime": {"spec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "launcher", "template": {"spec": {"template": {"spec": {"containers": [
+                {"name": "launcher", "command": ["sh"]}]}}}}}]}}}}},
+         "TrainingRuntime", "containers.launcher.command"),
+        ({"TrainingRuntime": {"spec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"parallelism": 9}}}]}}}}},
+         "TrainingRuntime", "node.template.spec.parallelism"),
+    ]  # fmt: skip
+    for override, kind, named in owned:
+        with pytest.raises(
+            ValueError, match=rf"trainjob_overrides\['{kind}'\] sets .*{re.escape(named)}"
+        ):
+            launcher(TrainerHook([]), trainjob_overrides=override).manifests(spec())
+
+
+def test_each_flavours_overrides_are_refused_by_the_other_and_kinds_are_checked():
+    with pytest.raises(ValueError, match="mpijob_overrides applies to kubernetes_api='mpijob'"):
+        KubernetesOptions(kubernetes_api="trainjob", mpijob_overrides={"spec": {}})
+    with pytest.raises(ValueError, match="trainjob_overrides applies to kubernetes_api='trai"):
+        KubernetesOptions(trainjob_overrides={"TrainJob": {"spec": {}}})
+    with pytest.raises(ValueError, match="trainjob_overrides must be a dict of manifest kind"):
+        KubernetesOptions(kubernetes_api="trainjob", trainjob_overrides={"JobSet": {}})
 
 
 @pytest.mark.parametrize(
@@ -324,7 +387,15 @@ def test_no_pod_at_all_names_trainer_and_jobset():
 
 
 def test_the_deferrable_operator_defers_on_the_trainjob_and_finishes_it(tmp_path):
-    op = k8s_train_op(kubernetes_api="trainjob", deferrable=True, output=str(tmp_path / "o"))
+    """The trigger and the TrainJob's activeDeadlineSeconds get the execution_timeout deadline
+    (Airflow 3 does not apply execution_timeout to a deferred wait)."""
+    op = k8s_train_op(
+        kubernetes_api="trainjob",
+        deferrable=True,
+        output=str(tmp_path / "o"),
+        execution_timeout=timedelta(hours=1),
+    )
+    assert op.kubernetes_options.kubernetes_api == "trainjob" and op.kubernetes_options.deferrable
     hook = TrainerHook([FAILED], log_text="[0]<stdout>:step")
     with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
         with pytest.raises(TaskDeferred) as deferred:
@@ -334,6 +405,9 @@ def test_the_deferrable_operator_defers_on_the_trainjob_and_finishes_it(tmp_path
         path, kwargs = trigger.serialize()
         assert kwargs["kubernetes_api"] == "trainjob"
         assert MPIJobTrigger(**kwargs).serialize() == (path, kwargs)
+        assert 3600 - 60 - 5 < trigger.timeout <= 3600 - 60
+        trainjob = hook.objects[TRAINJOBS][trigger.name]
+        assert trainjob["spec"]["activeDeadlineSeconds"] == int(trigger.timeout)
         events = asyncio.run(_events(trigger))
         assert [e.payload["status"] for e in events] == ["failed"]
         with pytest.raises(HorovodTrainingError, match=r"TrainJob ml/.* failed: JobsFailed"):
