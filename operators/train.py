@@ -106,8 +106,11 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
                 f"entrypoint must be a non-empty list of strings like "
                 f"['python', '-m', 'trainer', 'train'], got {entrypoint!r}"
             )
-        if trainer_args is not None and not is_templated(trainer_args):
-            trainer_args_to_argv(trainer_args)  # raises ValueError naming the bad key
+        if isinstance(trainer_args, Mapping) or (
+            trainer_args is not None and not is_templated(trainer_args)
+        ):
+            # keys are never templated: a misspelt option of our trainer fails at parse time
+            trainer_args_to_argv(trainer_args, entrypoint)  # raises ValueError naming the key
         if not metric_key or not isinstance(metric_key, str):
             raise ValueError(f"metric_key must be a non-empty string, got {metric_key!r}")
         check_controller(controller)
@@ -160,7 +163,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             self.entrypoint,
             data=self.data,
             output=self.output_uri,
-            extra=trainer_args_to_argv(self.trainer_args),
+            extra=trainer_args_to_argv(self.trainer_args, self.entrypoint),
             resume=resume,
         )
         if resume:

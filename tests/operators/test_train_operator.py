@@ -112,7 +112,10 @@ def test_the_controller_reaches_every_launcher():
         ({"data": ""}, "data must be a dataset URI"),
         ({"output": None}, "output must be an output URI"),
         ({"entrypoint": "python train.py"}, "entrypoint must be a non-empty list"),
-        ({"trainer_args": {"--x": 1}}, "trainer_args key '--x'"),
+        (
+            {"trainer_args": {"--x": 1}},
+            "trainer_args: '--x' is not an option of `python -m trainer",
+        ),
         ({"hosts": "a:0"}, "hosts is an option of launcher 'local' only: pass local=LocalOpt"),
         ({"timeout": -5}, "timeout: removed; set Airflow's execution_timeout"),
         (
@@ -131,6 +134,17 @@ def test_the_controller_reaches_every_launcher():
 def test_bad_arguments_are_named_at_parse_time(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         train_op(**kwargs)
+
+
+def test_a_misspelt_trainer_option_fails_at_parse_time_even_with_templated_values():
+    """The keys of ``trainer_args`` are checked against ``trainer train``'s declared options
+    when the operator is built (its values may be templates; its keys never are)."""
+    with pytest.raises(ValueError, match=r"trainer_args: 'epoch' is not an option .*epochs"):
+        train_op(trainer_args={"epoch": "{{ params.epochs }}"})
+    with pytest.raises(ValueError, match="'output' is set by the operator itself"):
+        train_op(trainer_args={"output": "s3://b/elsewhere"})
+    train_op(trainer_args={"epochs": "{{ params.epochs }}", "lr": 0.01})  # known keys pass
+    train_op(entrypoint=["python", "mine.py"], trainer_args={"epoch": 2})  # not our trainer
 
 
 def test_export_on_kubernetes_needs_an_image():
