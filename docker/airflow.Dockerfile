@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # The Airflow image of the compose stack (api-server, scheduler, dag-processor, triggerer):
 # the official Airflow 3.3.2 image plus our Airflow side — operators/, the torch-free trainer
-# modules they import (trainer.storage, trainer.layout, trainer.config), the DAGs, the pinned
-# providers — and the MNIST files the DAG stages to S3. No torch, no horovod: training runs in the trainer image.
+# modules they import (contract, layout, fileset, storage, config), the DAGs, the pinned
+# providers — and the MNIST files the DAG stages to S3. No torch, no horovod: training runs
+# in the trainer image.
 #
 #   docker build -f docker/airflow.Dockerfile -t horovod-airflow-airflow:0.1.0 .
 FROM apache/airflow:3.3.2-python3.11
@@ -22,8 +23,8 @@ RUN python /tmp/hva/pins_from_lock.py /tmp/hva/airflow-requirements.in /tmp/hva/
 # Our packages on PYTHONPATH (as the tests run them), the trainer side limited to its
 # torch-free modules so nothing here can import torch by accident.
 COPY --chown=50000:0 operators/ /opt/hva/operators/
-COPY --chown=50000:0 trainer/__init__.py trainer/layout.py trainer/storage.py trainer/config.py \
-     /opt/hva/trainer/
+COPY --chown=50000:0 trainer/__init__.py trainer/contract.py trainer/layout.py trainer/fileset.py \
+     trainer/storage.py trainer/config.py /opt/hva/trainer/
 COPY --chown=50000:0 docker/check_docker_launcher.py /opt/hva/bin/check_docker_launcher.py
 # The vendored MNIST where operators/staging.py looks for it: <repo>/data/mnist, the repo being
 # /opt/hva here (the DAG's dataset_source "vendored").
@@ -31,5 +32,5 @@ COPY --chown=50000:0 data/mnist/ /opt/hva/data/mnist/
 COPY --chown=50000:0 dags/ /opt/airflow/dags/
 ENV PYTHONPATH=/opt/hva
 
-RUN python -c "import operators, trainer.layout, trainer.storage, trainer.config" \
+RUN python -c "import operators, trainer.contract, trainer.layout, trainer.fileset, trainer.config" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"
