@@ -25,6 +25,9 @@ file                      format (``Schema``)                  written by → re
 ``manifest.json``         ``horovod-airflow/dataset-v1``       staging → trainer, gate re-scoring
 (a staged dataset)        (:data:`DATASET_FORMAT`,
                           checked by ``trainer.layout``)
+``manifest.json``         ``horovod-airflow/fileset-v1``       staging → a model's own training
+(a staged file set)       (:data:`FILESET_FORMAT`,             program and scorer
+                          checked by ``trainer.fileset``)
 ========================  ===================================  =================================
 
 Legacy: a published version's ``manifest.json`` and the registry's ``latest.json`` written
@@ -64,6 +67,7 @@ MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
 
 # --- formats that are not JSON documents checked here -----------------------------------------
 DATASET_FORMAT = "horovod-airflow/dataset-v1"  # a staged dataset's manifest (trainer.layout)
+FILESET_FORMAT = "horovod-airflow/fileset-v1"  # a staged file set's manifest (trainer.fileset)
 CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer.train, torch)
 LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
 

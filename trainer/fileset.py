@@ -11,7 +11,8 @@ names or glob patterns, plus a ``manifest.json``::
     }
 
 at ``<bucket>/datasets/<name>/<content_hash[:16]>/`` (:func:`trainer.layout.staged_prefix`),
-so an unchanged file set is never uploaded twice. The content hash is computed as for an
+so an unchanged file set is never uploaded twice. The format string is
+:data:`trainer.contract.FILESET_FORMAT`. The content hash is computed as for an
 MNIST-format dataset (:func:`trainer.layout.content_hash`). What the files hold is the
 training program's business: it reads the manifest, fetches the files it needs with
 :func:`fetch_files` (each checked against its size and sha256) and parses them itself.
@@ -28,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer import storage
+from trainer.contract import FILESET_FORMAT
 from trainer.layout import MANIFEST_NAME, DatasetError, content_hash, verify_file
-
-FORMAT = "horovod-airflow/fileset-v1"
 
 
 def check_patterns(patterns: Any) -> list[str]:
@@ -84,7 +84,12 @@ def build_manifest(name: str, files: Sequence[Path]) -> dict[str, Any]:
     ]
     if len({e["name"] for e in entries}) != len(entries):
         raise DatasetError(f"dataset {name!r}: two files share a name")
-    return {"format": FORMAT, "name": name, "content_hash": content_hash(entries), "files": entries}
+    return {
+        "format": FILESET_FORMAT,
+        "name": name,
+        "content_hash": content_hash(entries),
+        "files": entries,
+    }
 
 
 def parse_manifest(text: str | bytes) -> dict[str, Any]:
@@ -93,9 +98,9 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
         m = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    if not isinstance(m, dict) or m.get("format") != FILESET_FORMAT:
         got = m.get("format") if isinstance(m, dict) else type(m).__name__
-        raise DatasetError(f"{MANIFEST_NAME}: 'format' must be {FORMAT!r}, got {got!r}")
+        raise DatasetError(f"{MANIFEST_NAME}: 'format' must be {FILESET_FORMAT!r}, got {got!r}")
     files = m.get("files")
     if not isinstance(files, list) or not files:
         raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")

@@ -3,17 +3,23 @@
 What ``HorovodExportOperator`` runs with ``entrypoint=("python", "-m",
 "examples.waveforms.export")``. Writes ``<output>/model.onnx`` (one self-contained file,
 dynamic batch axis; input ``signal`` float32 ``[batch, 1, length]``, output ``logits``) and
-``<output>/parity.json`` (``max_abs_diff``, ``argmax_mismatches``, ``samples``,
-``tolerance``, ``passed``, ``onnx_accuracy``, ``torch_accuracy``), and exits non-zero,
-writing no ``model.onnx``, when parity fails.
+``<output>/parity.json`` (``trainer.contract.PARITY``: ``max_abs_diff``,
+``argmax_mismatches``, ``samples``, ``tolerance``, ``passed``, ``preprocessing``,
+``onnx_accuracy``, ``torch_accuracy``, ...), and exits non-zero, writing no ``model.onnx``,
+when parity fails.
+
+The model carries its preprocessing as the contract says: the checkpoint's
+``trainer.contract.preprocessing`` document (the train split's mean and std, the class names
+as ``labels``) is the JSON of the ONNX metadata property ``trainer.contract.PREPROCESSING_KEY``
+(``trainer.contract.preprocessing_metadata``), and ``parity.json`` records the same document,
+which publish copies into the version manifest. Serving (:mod:`operators.serving`) reads it
+back from the model.
 
 ``--data`` (default: the dataset the checkpoint was trained on) and ``--samples`` pick the
-test signals. Parity compares PyTorch (the trainer's own standardization) with onnxruntime
-fed through the preprocessing read back from the exported file's metadata
-(:mod:`examples.waveforms.preprocessing`, as :mod:`examples.waveforms.serving` does), so a
-wrong preprocessing record fails it too.
-The metadata: ``horovod_airflow.preprocessing`` (JSON: ``input_name``, ``input_shape``,
-``dtype``, ``scale``, ``mean``, ``std``) and ``horovod_airflow.labels`` (JSON class names).
+test signals. Parity compares PyTorch (on the trainer's input) with onnxruntime fed through
+the preprocessing read back from the exported file's metadata
+(``trainer.contract.preprocessing_from_metadata`` and ``apply_preprocessing``, as serving
+does), so a wrong preprocessing record fails it too.
 """
 
 from __future__ import annotations
@@ -23,23 +29,17 @@ import io
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from examples.waveforms.data import load_split
-from examples.waveforms.model import MODEL_NAME, build_model
-from examples.waveforms.preprocessing import (
-    LABELS_KEY,
-    PREPROCESSING_KEY,
-    preprocess,
-    preprocessing_spec,
-)
+from examples.waveforms.model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME, build_model
 from examples.waveforms.train import CHECKPOINT_FORMAT, standardize
-from trainer import fileset, storage
-from trainer.layout import ONNX_NAME, PARITY_NAME
+from trainer import contract, fileset, storage
+from trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
 
 TOLERANCE = 1e-4
-INPUT_NAME, OUTPUT_NAME = "signal", "logits"
 
 
 class ParityError(RuntimeError):
@@ -47,19 +47,11 @@ class ParityError(RuntimeError):
 
 
 def metadata_for(state: dict[str, Any], checkpoint: str) -> dict[str, str]:
-    """The ONNX ``metadata_props`` of an exported checkpoint (strings; JSON where structured)."""
-    pre = state["preprocessing"]
-    spec = {
-        "input_name": INPUT_NAME,
-        "input_shape": ["batch", 1, int(state["length"])],
-        "dtype": "float32",
-        "scale": float(pre["scale"]),
-        "mean": float(pre["mean"]),
-        "std": float(pre["std"]),
-    }
+    """The ONNX ``metadata_props`` of an exported checkpoint: the contract's preprocessing
+    entry (the checkpoint's document, checked) and provenance strings."""
     return {
-        PREPROCESSING_KEY: json.dumps(spec),
-        LABELS_KEY: json.dumps(list(state["classes"])),
+        **contract.preprocessing_metadata(state["preprocessing"]),
+        "producer": "examples.waveforms.export",
         "model": MODEL_NAME,
         "checkpoint": checkpoint,
         "epoch": str(state["epoch"]),
@@ -91,18 +83,25 @@ def export_onnx(model: Any, length: int, path: Path, metadata: dict[str, str]) -
 
 
 def parity(model: Any, path: Path, raw: Any, labels: Any, pre: dict[str, Any]) -> dict[str, Any]:
-    """PyTorch on the trainer's input vs onnxruntime on the serving side's (also batch 1)."""
+    """PyTorch on the trainer's input vs onnxruntime on the serving side's (also batch 1).
+
+    The serving side's input is prepared with the preprocessing the exported file carries,
+    read back through the contract; the report records that document as ``preprocessing``.
+    """
     import numpy as np
     import onnxruntime as ort
     import torch
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    spec = preprocessing_spec(session.get_modelmeta().custom_metadata_map)
-    served = preprocess(raw, spec)
+    carried = contract.preprocessing_from_metadata(
+        dict(session.get_modelmeta().custom_metadata_map), str(path)
+    )
+    served = contract.apply_preprocessing(carried, raw)
     with torch.inference_mode():
         expected = model(standardize(raw, pre)).numpy()
-    got = session.run([OUTPUT_NAME], {spec["input_name"]: served})[0]
-    single = session.run([OUTPUT_NAME], {spec["input_name"]: served[:1]})[0]
+    feed, fetch = carried["input_name"], [carried["output_name"]]
+    got = session.run(fetch, {feed: served})[0]
+    single = session.run(fetch, {feed: served[:1]})[0]
     diff = float(max(np.abs(got - expected).max(), np.abs(single - expected[:1]).max()))
     mismatches = int((got.argmax(1) != expected.argmax(1)).sum())
     return {
@@ -113,18 +112,26 @@ def parity(model: Any, path: Path, raw: Any, labels: Any, pre: dict[str, Any]) -
         "passed": diff <= TOLERANCE and mismatches == 0,
         "onnx_accuracy": float((got.argmax(1) == labels).mean()),
         "torch_accuracy": float((expected.argmax(1) == labels).mean()),
+        "preprocessing": carried,
     }
 
 
 def run_export(checkpoint: str, output: str, data_uri: str = "", samples: int = 0) -> dict:
+    """Export and check; write ``model.onnx`` (only when parity holds) and ``parity.json``."""
     import torch
 
+    start = time.perf_counter()
     state = torch.load(
         io.BytesIO(storage.read_bytes(checkpoint)), map_location="cpu", weights_only=True
     )
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{checkpoint} is not a {CHECKPOINT_FORMAT} checkpoint")
-    model = build_model(len(state["classes"]))
+    found = state.get("format") if isinstance(state, dict) else type(state).__name__
+    if found != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{checkpoint}: checkpoint format {found!r}; this export reads {CHECKPOINT_FORMAT!r} "
+            f"(written by examples.waveforms.train)"
+        )
+    pre = contract.check_preprocessing(state["preprocessing"], f"{checkpoint} preprocessing")
+    model = build_model(len(pre["labels"]))
     model.load_state_dict(state["model"])
     model = model.float().eval()
     data_uri = data_uri or state["dataset"]["uri"]
@@ -134,12 +141,16 @@ def run_export(checkpoint: str, output: str, data_uri: str = "", samples: int = 
         if samples:
             raw, labels = raw[:samples], labels[:samples]
         path = Path(tmp) / ONNX_NAME
-        export_onnx(model, int(state["length"]), path, metadata_for(state, checkpoint))
-        report = parity(model, path, raw, labels, state["preprocessing"])
+        export_onnx(model, int(pre["input_shape"][-1]), path, metadata_for(state, checkpoint))
+        report = parity(model, path, raw, labels, pre)
         report.update(
-            checkpoint=checkpoint, dataset=data_uri, model_uri=storage.join(output, ONNX_NAME)
+            checkpoint=checkpoint,
+            dataset=data_uri,
+            model_bytes=path.stat().st_size,
+            model_uri=storage.join(output, ONNX_NAME),
+            export_seconds=round(time.perf_counter() - start, 3),
         )
-        storage.write_text(storage.join(output, PARITY_NAME), json.dumps(report, indent=2))
+        storage.write_text(storage.join(output, PARITY_NAME), PARITY.dumps(report))
         if not report["passed"]:
             raise ParityError(
                 f"ONNX parity failed on {report['samples']} test signals: max |diff| "

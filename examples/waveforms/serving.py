@@ -1,38 +1,31 @@
-"""The example's serving side (onnxruntime and numpy, no torch): preprocess, predict, score.
+"""The example's serving side (onnxruntime and numpy, no torch): predict, score, check.
 
-The exported model says how to prepare its input, in its ONNX metadata
-(:mod:`examples.waveforms.preprocessing`), so serving needs nothing but the ONNX file.
-
-Fetching and verifying a published model is the project's
-(:func:`operators.serving.open_published_model`: sha256 against the version manifest).
+The exported model says how to prepare its input and names its classes, in the contract's
+preprocessing document in its ONNX metadata, so serving needs nothing but the ONNX file and
+keeps no constant of its own: fetching and verifying a published model
+(:func:`operators.serving.open_published_model`: sha256 against the version manifest, the
+carried preprocessing equal to the manifest's) and predicting raw signals ``[N, length]``
+(:func:`operators.serving.predict`) are the project's, the same as for MNIST.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from examples.waveforms.data import CLASSES, SERVING_SEED, generate, load_split
-from examples.waveforms.preprocessing import LABELS_KEY, preprocess, preprocessing_spec
+from examples.waveforms.data import SERVING_SEED, generate, load_split
 from operators.model_registry import read_champion
-from operators.serving import open_published_model
-from trainer import fileset, layout, storage
+from operators.serving import model_preprocessing, open_published_model, predict
+from trainer import fileset, storage
+from trainer.contract import LATEST_NAME, ONNX_NAME
 
 log = logging.getLogger(__name__)
 
 
 class ServingCheckError(RuntimeError):
     """A published model failed the serving check (accuracy below the floor)."""
-
-
-def predict(session: Any, raw: Any) -> Any:
-    """Predicted class indices of raw signals ``[N, length]``."""
-    spec = preprocessing_spec(session.get_modelmeta().custom_metadata_map)
-    logits = session.run(None, {spec["input_name"]: preprocess(raw, spec)})[0]
-    return logits.argmax(axis=1)
 
 
 def score_published_model(
@@ -42,7 +35,9 @@ def score_published_model(
 
     The gate's ``champion_scorer`` for this model (``examples.waveforms.serving:
     score_published_model``): same signature and result as
-    :func:`operators.serving.score_published_model`.
+    :func:`operators.serving.score_published_model`. A model or data it cannot read raises
+    ValueError (``trainer.contract.ContractError``, ``trainer.layout.DatasetError``), which
+    the gate reports as its reason to refuse.
     """
     with tempfile.TemporaryDirectory(prefix="hva-wf-score-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
@@ -77,15 +72,14 @@ def serving_check(
     """
     source = "asset event"
     if published is None:
-        source = layout.LATEST_NAME
+        source = LATEST_NAME
         published = read_champion(bucket_uri, model_name, client=client)
         if published is None:
             raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
     with tempfile.TemporaryDirectory(prefix="hva-wf-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
-        onnx_sha256 = storage.sha256_file(Path(tmp) / layout.ONNX_NAME)
-    meta = session.get_modelmeta().custom_metadata_map
-    classes = json.loads(meta.get(LABELS_KEY, json.dumps(list(CLASSES))))
+        onnx_sha256 = storage.sha256_file(Path(tmp) / ONNX_NAME)
+    classes = model_preprocessing(session, published["onnx_uri"])["labels"]
     signals, labels = generate(sample_count, SERVING_SEED)
     predictions = predict(session, signals)
     accuracy = float((predictions == labels).mean())

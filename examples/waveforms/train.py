@@ -12,16 +12,23 @@ launch it (``entrypoint=("python", "-m", "examples.waveforms.train")``):
 - the validation metrics are exact: each rank scores a disjoint slice of the test split and
   the sums (loss, correct, count) are allreduced, so ``val_accuracy`` is over the whole split;
 - rank 0 alone writes ``<output>/checkpoint.pt`` (each epoch) and, at the end,
-  ``<output>/metrics.json`` (``val_accuracy``, ``val_loss``, ``val_correct``,
-  ``val_samples``, ``epochs``, ``world_size``, ``history``, ``preprocessing``, ``dataset``,
-  ``config``, ``versions``, ``artifacts``, ``train_seconds``); it prints one JSON line per
-  epoch (``{"event": "epoch", ...}``) and a last ``{"event": "final_metrics", ...}``;
+  ``<output>/metrics.json`` (``trainer.contract.METRICS``: ``val_accuracy``, ``val_loss``,
+  ``val_correct``, ``val_samples``, ``epochs``, ``world_size``, ``history``,
+  ``preprocessing``, ``dataset``, ``config``, ``versions``, ``artifacts``,
+  ``train_seconds``); it prints one JSON line per epoch (``{"event": "epoch", ...}``) and a
+  last ``{"event": "final_metrics", ...}``;
 - ``--resume`` continues from ``<output>/checkpoint.pt`` when there is one (same dataset
   and world size, else it stops saying why) and starts fresh when there is none.
 
 Preprocessing: ``x = (raw * scale - mean) / std`` with ``scale`` 1 and the train split's
-mean and std, recorded in the checkpoint and metrics and written by :mod:`.export` into
-the ONNX model's metadata, which :mod:`.serving` reads.
+mean and std (:func:`examples.waveforms.model.preprocessing_of`, the contract's
+preprocessing document), applied by ``trainer.contract.apply_preprocessing`` as serving
+applies it, recorded in the checkpoint and metrics and written by :mod:`.export` into the
+ONNX model's metadata, which serving reads.
+
+``checkpoint.pt`` is the example's own (format :data:`CHECKPOINT_FORMAT`, read only by this
+program's ``--resume`` and by :mod:`.export`): its content is not the project trainer's, so it
+does not carry ``trainer.contract.CHECKPOINT_FORMAT``.
 """
 
 from __future__ import annotations
@@ -36,12 +43,14 @@ import tempfile
 import time
 from typing import Any
 
-from examples.waveforms.data import CLASSES, load_split
-from examples.waveforms.model import MODEL_NAME, build_model
-from trainer import fileset, storage
-from trainer.layout import CHECKPOINT_NAME, METRICS_NAME
+from examples.waveforms.data import load_split
+from examples.waveforms.model import MODEL_NAME, build_model, preprocessing_of
+from trainer import contract, fileset, storage
+from trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME
 
-CHECKPOINT_FORMAT = "horovod-airflow/waveforms-checkpoint-v1"
+#: The example's checkpoint format: private to the example, so outside the project's
+#: ``horovod-airflow/`` namespace (which trainer.contract owns).
+CHECKPOINT_FORMAT = "waveforms/checkpoint-v1"
 
 
 class TrainingError(RuntimeError):
@@ -72,21 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def preprocessing_of(train_signals: Any) -> dict[str, Any]:
-    """The standardization, from the train split: ``x = (raw * scale - mean) / std``."""
-    mean = float(train_signals.astype("float64").mean())
-    std = float(train_signals.astype("float64").std())
-    if not std > 0:
-        raise TrainingError("the train signals are constant (std 0): cannot standardize")
-    return {"scale": 1.0, "mean": mean, "std": std}
-
-
 def standardize(raw: Any, pre: dict[str, Any]) -> Any:
-    """float32 tensor ``[N, 1, length]`` from raw signals ``[N, length]``."""
+    """float32 tensor ``[N, 1, length]`` from raw signals ``[N, length]``, as serving does
+    (``trainer.contract.apply_preprocessing`` with the model's preprocessing ``pre``)."""
     import torch
 
-    x = (raw.astype("float64") * pre["scale"] - pre["mean"]) / pre["std"]
-    return torch.from_numpy(x.astype("float32")).unsqueeze(1)
+    return torch.from_numpy(contract.apply_preprocessing(pre, raw))
 
 
 def evaluate(model: Any, x: Any, y: Any) -> Any:
@@ -138,7 +138,6 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     pre = preprocessing_of(train_raw)
     x_train, y_train = standardize(train_raw, pre), torch.from_numpy(train_y)
     x_test, y_test = standardize(test_raw, pre), torch.from_numpy(test_y)
-    length = int(x_train.shape[-1])
     dataset = {"uri": args.data, "content_hash": manifest["content_hash"]}
 
     torch.manual_seed(args.seed)
@@ -221,8 +220,6 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                     "world_size": size,
                     "dataset": dataset,
                     "preprocessing": pre,
-                    "length": length,
-                    "classes": list(CLASSES),
                 },
                 buf,
             )
@@ -241,16 +238,14 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "epochs": len(history),
         "world_size": size,
         "history": history,
-        "preprocessing": pre,
-        "classes": list(CLASSES),
-        "length": length,
+        "preprocessing": pre,  # what the model expects; the export puts it into the ONNX file
         "dataset": dataset,
         "config": {k: v for k, v in vars(args).items() if k not in ("data", "output", "resume")},
         "versions": versions(),
         "train_seconds": round(time.perf_counter() - start, 3),
         "artifacts": {"checkpoint": ckpt_uri, "metrics": storage.join(args.output, METRICS_NAME)},
     }
-    storage.write_text(metrics["artifacts"]["metrics"], json.dumps(metrics, indent=2))
+    storage.write_text(metrics["artifacts"]["metrics"], METRICS.dumps(metrics))
     print(json.dumps({"event": "final_metrics", **metrics}), flush=True)
     return metrics
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainer import contract
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = REPO / "examples" / "waveforms" / "dags"
 HEAVY = ("torch", "horovod", "onnx", "onnxruntime", "matplotlib", "torchvision")
@@ -127,29 +129,42 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     assert any(k.startswith("datasets/waveforms/") and k.endswith("/manifest.json") for k in keys)
     staged = json.loads(_get(client, bucket, wave_latest["dataset_uri"][len(f"s3://{bucket}/"):]
                              + "/manifest.json"))  # fmt: skip
-    assert staged["format"] == "horovod-airflow/fileset-v1"
+    assert staged["format"] == "horovod-airflow/fileset-v1" == contract.FILESET_FORMAT
     assert staged["content_hash"] == wave_latest["dataset_content_hash"]
     assert sorted(f["name"] for f in staged["files"]) == [
         "test_labels.npy", "test_signals.npy", "train_labels.npy", "train_signals.npy"
     ]  # fmt: skip
     version = wave_latest["version"]
-    metrics = json.loads(_get(client, bucket, f"models/waveform_cnn/{version}/metrics.json"))
+    prefix = f"models/waveform_cnn/{version}"
+    # The example's run files follow the contract: formats and schemas checked as read.
+    metrics = contract.METRICS.loads(_get(client, bucket, f"{prefix}/metrics.json"), "metrics")
+    assert metrics["format"] == "horovod-airflow/metrics-v1"
     assert metrics["world_size"] == 2 and metrics["val_samples"] == 400
     assert metrics["val_accuracy"] == wave_latest["val_accuracy"] >= 0.6
-    parity = json.loads(_get(client, bucket, f"models/waveform_cnn/{version}/parity.json"))
+    parity = contract.PARITY.loads(_get(client, bucket, f"{prefix}/parity.json"), "parity")
+    assert parity["format"] == "horovod-airflow/parity-v1"
     assert parity["passed"] is True and parity["argmax_mismatches"] == 0
     assert parity["onnx_accuracy"] == metrics["val_accuracy"]
+    manifest = contract.VERSION_MANIFEST.loads(_get(client, bucket, f"{prefix}/manifest.json"), "m")
 
-    # The ONNX file carries its preprocessing, the train split's statistics.
+    # The ONNX file carries its preprocessing under the contract's key, the train split's
+    # statistics and the class names; parity.json and the version manifest record the same.
     import onnxruntime as ort
 
-    onnx_bytes = _get(client, bucket, f"models/waveform_cnn/{version}/model.onnx")
+    from examples.waveforms.data import CLASSES
+
+    onnx_bytes = _get(client, bucket, f"{prefix}/model.onnx")
     meta = ort.InferenceSession(onnx_bytes).get_modelmeta().custom_metadata_map
-    spec = json.loads(meta["horovod_airflow.preprocessing"])
-    assert spec["input_name"] == "signal" and spec["input_shape"] == ["batch", 1, 128]
-    assert spec["dtype"] == "float32" and spec["scale"] == 1.0
-    assert spec["mean"] == pytest.approx(metrics["preprocessing"]["mean"])
-    assert spec["std"] == pytest.approx(metrics["preprocessing"]["std"])
+    assert "horovod-airflow/preprocessing" in meta
+    assert not [k for k in meta if k.startswith("horovod_airflow.")]  # the old keys are gone
+    pre = contract.preprocessing_from_metadata(dict(meta), "model.onnx")
+    assert pre["input_name"] == "signal" and pre["input_shape"] == [1, 128]
+    assert pre["output_name"] == "logits" and pre["labels"] == list(CLASSES)
+    assert pre["dtype"] == "float32" and pre["scale"] == 1.0 and pre["channel_axis"] == 0
+    assert pre == metrics["preprocessing"] == parity["preprocessing"] == manifest["preprocessing"]
+    train = np.load(REPO / "examples" / "waveforms" / "dataset" / "train_signals.npy")
+    assert pre["mean"] == [pytest.approx(float(train.astype(np.float64).mean()))]
+    assert pre["std"] == [pytest.approx(float(train.astype(np.float64).std()))]
 
     # 4. The serving DAG verifies the published example and predicts fresh waveforms.
     serve = _deploy(bucket, "examples.waveforms.dags.waveforms_serve").serve_dag
@@ -160,6 +175,7 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     served = serving_check(f"s3://{bucket}", "waveform_cnn", client=client, sample_count=64)
     assert served["version"] == version and served["onnx_sha256"] == wave_latest["onnx_sha256"]
     assert served["accuracy"] >= 0.5 and len(served["predictions"]) == 64
+    assert set(served["predictions"]) <= set(CLASSES)  # named by the model's own labels
 
     # 5. The gate's pluggable re-scoring: a challenger on "other" data re-scores the published
     #    champion with the example's scorer (onnxruntime on the staged test split), which
@@ -182,6 +198,12 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
         champion_scorer=None,
     )  # fmt: skip
     assert not refused.passed and "not re-scored" in refused.reason
+    # The default (MNIST) scorer cannot read a file set: the gate refuses, naming why.
+    mnist_scorer = gate_challenger(
+        bucket_uri=f"s3://{bucket}", model_name="waveform_cnn", metrics=challenger,
+        dataset=other, min_accuracy=0.0, max_regression=0.0, client=client,
+    )  # fmt: skip
+    assert not mnist_scorer.passed and "not re-scored" in mnist_scorer.reason
     assert _get(client, bucket, "models/mnist_cnn/latest.json") == mnist_latest_bytes
 
 
@@ -244,25 +266,46 @@ def test_shipped_dataset_is_the_generator_output(tmp_path):
 
 def test_bad_example_data_and_preprocessing_are_refused_naming_what(tmp_path):
     from examples.waveforms import data
-    from examples.waveforms.preprocessing import PREPROCESSING_KEY, preprocess, preprocessing_spec
+    from examples.waveforms.model import preprocessing_of
     from trainer.layout import DatasetError
 
     paths = {p.name: p for p in data.write_dataset(tmp_path)}
+    signals, _ = data.load_split(paths, "train")
     np.save(paths["test_labels.npy"], np.full(data.TEST_SAMPLES, 7))
     with pytest.raises(DatasetError, match=r"labels must be in \[0, 4\)"):
         data.load_split(paths, "test")
     del paths["train_signals.npy"]
     with pytest.raises(DatasetError, match=r"lacks train_signals\.npy"):
         data.load_split(paths, "train")
-    with pytest.raises(ValueError, match=r"has no 'horovod_airflow\.preprocessing'"):
-        preprocessing_spec({})
-    with pytest.raises(ValueError, match=r"lacks \['std'\]"):
-        preprocessing_spec({PREPROCESSING_KEY: json.dumps(
-            {"input_name": "signal", "input_shape": ["batch", 1, 4], "dtype": "float32",
-             "scale": 1.0, "mean": 0.0})})  # fmt: skip
-    spec = {"input_name": "signal", "input_shape": ["batch", 1, 4], "dtype": "float32",
-            "scale": 2.0, "mean": 1.0, "std": 0.5}  # fmt: skip
-    out = preprocess(np.ones((3, 4)), spec)
-    assert out.shape == (3, 1, 4) and out.dtype == np.float32 and (out == 2.0).all()
-    with pytest.raises(ValueError, match=r"signals must be \[N, 4\]"):
-        preprocess(np.ones((3, 5)), spec)
+
+    # The example's preprocessing is the contract's document, applied by the contract.
+    pre = preprocessing_of(signals)
+    assert contract.check_preprocessing(pre, "example") == pre
+    assert pre["input_shape"] == [1, data.LENGTH] and pre["labels"] == list(data.CLASSES)
+    x = contract.apply_preprocessing(pre, signals)
+    assert x.shape == (len(signals), 1, data.LENGTH) and x.dtype == np.float32
+    assert abs(float(x.mean())) < 1e-3 and abs(float(x.std()) - 1.0) < 1e-3
+    with pytest.raises(ValueError, match=r"constant \(std 0\)"):
+        preprocessing_of(np.ones((3, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"non-empty \[N, length\] array, got shape \[4\]"):
+        preprocessing_of(np.ones(4, dtype=np.float32))
+    with pytest.raises(contract.ContractError, match=r"does not hold \[N, \[1, 128\]\]"):
+        contract.apply_preprocessing(pre, np.ones((3, 5)))
+    # A model without the contract's metadata is refused, never guessed at.
+    with pytest.raises(contract.ContractError, match="carries no preprocessing"):
+        contract.preprocessing_from_metadata({"horovod_airflow.preprocessing": "{}"}, "old")
+
+
+def test_the_export_reads_only_the_examples_own_checkpoint_format(tmp_path):
+    import torch
+
+    from examples.waveforms.export import run_export
+    from examples.waveforms.train import CHECKPOINT_FORMAT
+
+    assert CHECKPOINT_FORMAT == "waveforms/checkpoint-v1" != contract.CHECKPOINT_FORMAT
+    bad = tmp_path / "checkpoint.pt"
+    torch.save({"format": contract.CHECKPOINT_FORMAT}, bad)
+    with pytest.raises(ValueError, match=r"format 'horovod-airflow/checkpoint-v1'; this export "
+                                         r"reads 'waveforms/checkpoint-v1'"):  # fmt: skip
+        run_export(str(bad), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

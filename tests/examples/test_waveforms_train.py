@@ -12,6 +12,7 @@ import pytest
 
 from examples.waveforms.settings import DATASET_DIR, DATASET_FILES
 from operators.staging import stage_files
+from trainer import contract
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 
@@ -34,8 +35,11 @@ def test_two_ranks_write_exact_metrics_and_a_resume_continues_the_run(tmp_path):
     epochs = [json.loads(line.split(":", 1)[1]) for line in first.stdout.splitlines()
               if '"event": "epoch"' in line]  # fmt: skip
     assert [e["epoch"] for e in epochs] == [1, 2]  # printed by rank 0 only, once per epoch
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = contract.METRICS.loads((out / "metrics.json").read_text(), "metrics.json")
     assert metrics["world_size"] == 2 and metrics["val_samples"] == 400
+    assert contract.check_preprocessing(metrics["preprocessing"], "metrics")["input_shape"] == [
+        1, 128
+    ]  # fmt: skip
     assert metrics["val_accuracy"] == metrics["val_correct"] / 400
     assert metrics["history"] == [{k: v for k, v in e.items() if k not in ("event", "of_epochs")}
                                   for e in epochs]  # fmt: skip
