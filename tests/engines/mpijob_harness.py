@@ -223,6 +223,9 @@ class PodmanCluster:
         self.core_v1_client = _Core(self)
         self.jobs: dict[str, dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []  # every MPIJob manifest, as created
+        # every create call, refused ones too: (plural, name)
+        self.create_calls: list[tuple[str, str]] = []
+        self.started: list[str] = []  # every pod (container) started, in order
         self.hostfiles: dict[str, str] = {}
         self.runtimes: dict[str, dict[str, Any]] = {}  # TrainingRuntimes, as stored
         self.trainjobs: dict[str, dict[str, Any]] = {}
@@ -236,6 +239,7 @@ class PodmanCluster:
         return self.namespace
 
     def create_custom_object(self, group, version, plural, body, namespace=None):
+        self.create_calls.append((plural, body["metadata"]["name"]))
         if (group, version) == TRAINER:
             return self._create_trainer_object(plural, body)
         assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
@@ -539,6 +543,7 @@ class PodmanCluster:
         if container.get("command"):
             args += ["--entrypoint", json.dumps(container["command"])]
         args += [container["image"], *container.get("args", [])]
+        self.started.append(pod)
         podman(self.podman_env, *args)
 
     def _wait_ready(self, template: dict[str, Any], pod: str, ip: str) -> None:
