@@ -26,6 +26,8 @@ launcher imports it). On ``create_custom_object`` it plays the operator:
 The job's state is its launcher's: running, Succeeded (exit 0) or Failed; once the launcher
 has ended, the still running workers are removed (``cleanPodPolicy: Running``). Pod specs use
 only what the launcher's manifests use; anything else fails loudly rather than being ignored.
+It records every create call (``create_calls``, refused ones too) and every pod it starts
+(``started``), and sees only the containers on its own network.
 
 It also plays Kubeflow Trainer v2 and JobSet for ``kubernetes_api="trainjob"``: a
 ``TrainingRuntime`` is stored as created; a ``TrainJob`` is resolved against the runtime its
@@ -59,7 +61,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-HARNESS_LABEL = "hva-mpijob-harness"  # on every container the harness makes
+HARNESS_LABEL = "hva-mpijob-harness"  # on every container the harness makes: its job
+# ... and its network: a cluster sees (and removes) only its own containers, never those of
+# another test session's cluster on this machine (the job names are deterministic)
+NETWORK_LABEL = "hva-mpijob-network"
 HOSTFILE_DIR = "/etc/mpi"
 # What the launcher's pod templates may use; the harness refuses what it does not emulate.
 CONTAINER_KEYS = frozenset(
@@ -505,6 +510,7 @@ class PodmanCluster:
             **(template.get("metadata") or {}).get("labels", {}),
             **labels,
             HARNESS_LABEL: name,
+            NETWORK_LABEL: self.network,
         }
         args = ["run", "-d", "--name", pod, "--hostname", pod, "--network", self.network]
         args += ["--ip", ip]
@@ -584,7 +590,8 @@ class PodmanCluster:
 
     def containers(self, job: str | None = None, running: bool = False) -> list[str]:
         label = f"{HARNESS_LABEL}={job}" if job else HARNESS_LABEL
-        args = ["ps", "--filter", f"label={label}", "--format", "{{.Names}}"]
+        args = ["ps", "--filter", f"label={label}", "--filter"]  # both labels (AND)
+        args += [f"label={NETWORK_LABEL}={self.network}", "--format", "{{.Names}}"]
         out = podman(self.podman_env, *args, *([] if running else ["-a"]))
         return sorted(out.split())
 

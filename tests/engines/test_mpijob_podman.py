@@ -356,7 +356,7 @@ def test_a_retry_while_the_first_try_still_runs_reattaches_and_starts_no_second_
         return k8s_op(
             staged["uri"],
             f"s3://{bucket}/runs/retry",
-            task_id="retried",
+            task_id=f"retried-{api}",
             entrypoint=(*WHERE, "python", "-c", GATE, release),
             trainer_args=TRAIN_ARGS,
             slots_per_worker=1,
