@@ -528,6 +528,7 @@ class PodmanCluster:
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         folder = self.workdir / pod
+        shutil.rmtree(folder, ignore_errors=True)  # a deleted job's pod of the same name
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         for mount in container.get("volumeMounts") or []:
             volume = volumes[mount["name"]]
