@@ -257,17 +257,21 @@ def test_a_two_node_trainjob_trains_like_one_pod_with_two_ranks(
     assert mpijob_cluster.containers() == []
 
 
-# Each rank says it is waiting, then waits for the release object on S3 (sys.argv[1]) before it
-# becomes the trainer with the operator's arguments: the job runs as long as the test needs.
+# Each rank waits for the release object on S3 (sys.argv[1]), saying so once its first look
+# has answered (boto3 loaded: the ranks then leave within a poll of each other, well inside
+# Gloo's rendezvous timeout), then becomes the trainer with the operator's arguments: the job
+# runs as long as the test needs.
 GATE = (
     "import os, sys, time\n"
     "from trainer import storage\n"
+    "released = storage.exists(sys.argv[1])\n"
     "print('hva-gated rank', os.environ['HOROVOD_RANK'], flush=True)\n"
     "deadline = time.monotonic() + 600\n"
-    "while not storage.exists(sys.argv[1]):\n"
+    "while not released:\n"
     "    if time.monotonic() > deadline:\n"
     "        sys.exit('hva-gate: never released')\n"
     "    time.sleep(0.5)\n"
+    "    released = storage.exists(sys.argv[1])\n"
     "os.execvp(sys.executable, [sys.executable, '-m', 'trainer', 'train', *sys.argv[2:]])\n"
 )
 
@@ -304,6 +308,8 @@ class Severed:
             answer = value(*args, **kwargs)
             if kwargs.get("follow"):
                 self._streams.append(answer)
+                if self._dead.is_set():  # opened while it died: cut like the others
+                    answer.close()
             return answer
 
         return call
