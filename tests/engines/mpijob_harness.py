@@ -26,6 +26,8 @@ launcher imports it). On ``create_custom_object`` it plays the operator:
 The job's state is its launcher's: running, Succeeded (exit 0) or Failed; once the launcher
 has ended, the still running workers are removed (``cleanPodPolicy: Running``). Pod specs use
 only what the launcher's manifests use; anything else fails loudly rather than being ignored.
+It records every create call (``create_calls``, refused ones too) and every pod it starts
+(``started``), and sees only the containers on its own network.
 
 It also plays Kubeflow Trainer v2 and JobSet for ``kubernetes_api="trainjob"``: a
 ``TrainingRuntime`` is stored as created; a ``TrainJob`` is resolved against the runtime its
@@ -59,7 +61,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-HARNESS_LABEL = "hva-mpijob-harness"  # on every container the harness makes
+HARNESS_LABEL = "hva-mpijob-harness"  # on every container the harness makes: its job
+# ... and its network: a cluster sees (and removes) only its own containers, never those of
+# another test session's cluster on this machine (the job names are deterministic)
+NETWORK_LABEL = "hva-mpijob-network"
 HOSTFILE_DIR = "/etc/mpi"
 # What the launcher's pod templates may use; the harness refuses what it does not emulate.
 CONTAINER_KEYS = frozenset(
@@ -223,6 +228,9 @@ class PodmanCluster:
         self.core_v1_client = _Core(self)
         self.jobs: dict[str, dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []  # every MPIJob manifest, as created
+        # every create call, refused ones too: (plural, name)
+        self.create_calls: list[tuple[str, str]] = []
+        self.started: list[str] = []  # every pod (container) started, in order
         self.hostfiles: dict[str, str] = {}
         self.runtimes: dict[str, dict[str, Any]] = {}  # TrainingRuntimes, as stored
         self.trainjobs: dict[str, dict[str, Any]] = {}
@@ -236,6 +244,7 @@ class PodmanCluster:
         return self.namespace
 
     def create_custom_object(self, group, version, plural, body, namespace=None):
+        self.create_calls.append((plural, body["metadata"]["name"]))
         if (group, version) == TRAINER:
             return self._create_trainer_object(plural, body)
         assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
@@ -501,6 +510,7 @@ class PodmanCluster:
             **(template.get("metadata") or {}).get("labels", {}),
             **labels,
             HARNESS_LABEL: name,
+            NETWORK_LABEL: self.network,
         }
         args = ["run", "-d", "--name", pod, "--hostname", pod, "--network", self.network]
         args += ["--ip", ip]
@@ -518,6 +528,7 @@ class PodmanCluster:
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         folder = self.workdir / pod
+        shutil.rmtree(folder, ignore_errors=True)  # a deleted job's pod of the same name
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         for mount in container.get("volumeMounts") or []:
             volume = volumes[mount["name"]]
@@ -539,6 +550,7 @@ class PodmanCluster:
         if container.get("command"):
             args += ["--entrypoint", json.dumps(container["command"])]
         args += [container["image"], *container.get("args", [])]
+        self.started.append(pod)
         podman(self.podman_env, *args)
 
     def _wait_ready(self, template: dict[str, Any], pod: str, ip: str) -> None:
@@ -579,7 +591,8 @@ class PodmanCluster:
 
     def containers(self, job: str | None = None, running: bool = False) -> list[str]:
         label = f"{HARNESS_LABEL}={job}" if job else HARNESS_LABEL
-        args = ["ps", "--filter", f"label={label}", "--format", "{{.Names}}"]
+        args = ["ps", "--filter", f"label={label}", "--filter"]  # both labels (AND)
+        args += [f"label={NETWORK_LABEL}={self.network}", "--format", "{{.Names}}"]
         out = podman(self.podman_env, *args, *([] if running else ["-a"]))
         return sorted(out.split())
 

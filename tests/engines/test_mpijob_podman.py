@@ -68,22 +68,31 @@ def k8s_op(data: str, output: str, **kwargs: Any) -> HorovodTrainOperator:
     return HorovodTrainOperator(**with_launcher_options(settings))
 
 
-def execute(op: HorovodTrainOperator, cluster: Any) -> dict[str, Any]:
+def execute(
+    op: HorovodTrainOperator, cluster: Any, ctx: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The operator's ``execute``, its launcher talking to ``cluster`` (None: to the hook the
+    operator's launcher already has)."""
+    if cluster is None:
+        return op.execute(ctx or context())
     with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=cluster):
-        return op.execute(context())
+        return op.execute(ctx or context())
 
 
 class Running:
     """``execute`` in a thread, so the test can kill a worker while the job runs."""
 
-    def __init__(self, op: HorovodTrainOperator, cluster: Any) -> None:
+    def __init__(
+        self, op: HorovodTrainOperator, cluster: Any, ctx: dict[str, Any] | None = None
+    ) -> None:
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(op, cluster), daemon=True)
+        self.result: dict[str, Any] | None = None
+        self.thread = threading.Thread(target=self._run, args=(op, cluster, ctx), daemon=True)
         self.thread.start()
 
-    def _run(self, op: HorovodTrainOperator, cluster: Any) -> None:
+    def _run(self, op: HorovodTrainOperator, cluster: Any, ctx: dict[str, Any] | None) -> None:
         try:
-            execute(op, cluster)
+            self.result = execute(op, cluster, ctx)
         except BaseException as e:
             self.error = e
 
@@ -248,3 +257,180 @@ def test_a_two_node_trainjob_trains_like_one_pod_with_two_ranks(
     assert mpijob_cluster.trainjobs == {} and mpijob_cluster.runtimes == {}
     assert mpijob_cluster.core_v1_client.secrets == {}
     assert mpijob_cluster.containers() == []
+
+
+# Each rank waits for the release object on S3 (sys.argv[1]), saying so once its first look
+# has answered (boto3 loaded: the ranks then leave within a poll of each other, well inside
+# Gloo's rendezvous timeout), then becomes the trainer with the operator's arguments: the job
+# runs as long as the test needs.
+GATE = (
+    "import os, sys, time\n"
+    "from trainer import storage\n"
+    "released = storage.exists(sys.argv[1])\n"
+    "print('hva-gated rank', os.environ['HOROVOD_RANK'], flush=True)\n"
+    "deadline = time.monotonic() + 600\n"
+    "while not released:\n"
+    "    if time.monotonic() > deadline:\n"
+    "        sys.exit('hva-gate: never released')\n"
+    "    time.sleep(0.5)\n"
+    "    released = storage.exists(sys.argv[1])\n"
+    "os.execvp(sys.executable, [sys.executable, '-m', 'trainer', 'train', *sys.argv[2:]])\n"
+)
+
+
+class Severed:
+    """A try's connection to the cluster, until its Airflow worker dies (SIGKILL, node lost).
+
+    It forwards every call to the cluster until :meth:`die`; then its open log streams are cut
+    and every later call blocks for good: a killed process makes no more calls, and the
+    threads of the try (its wait, its log follower) stay stuck where they were (daemons)."""
+
+    def __init__(self, target: Any, dead: threading.Event | None = None) -> None:
+        self._target = target
+        self._dead = dead or threading.Event()
+        self._streams: list[Any] = []
+
+    def die(self) -> None:
+        self._dead.set()
+        for stream in self._streams:
+            stream.close()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if name in ("core_v1_client", "custom_object_client"):
+            child = Severed(value, self._dead)
+            child._streams = self._streams
+            return child
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._dead.is_set():
+                threading.Event().wait()  # never returns
+            answer = value(*args, **kwargs)
+            if kwargs.get("follow"):
+                self._streams.append(answer)
+                if self._dead.is_set():  # opened while it died: cut like the others
+                    answer.close()
+            return answer
+
+        return call
+
+
+def wait_for_log(
+    cluster: Any, pod: str, needles: list[str], what: Running, timeout: float = 300
+) -> str:
+    """The pod's log once it has every needle (or fail, naming the task's error)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and what.thread.is_alive():
+        if cluster.state(pod)[0] != "gone":
+            text = cluster.core_v1_client.read_namespaced_pod_log(pod, "hva")
+            if all(n in text for n in needles):
+                return text
+        time.sleep(1)
+    pytest.fail(f"{pod} never logged {needles} (task error: {what.error!r})")
+
+
+KIND = {"mpijob": "MPIJob", "trainjob": "TrainJob"}
+
+
+def pod_names(api: str, name: str) -> tuple[list[str], str]:
+    """(the worker pods, the launcher pod) of job ``name``, as the harness names them."""
+    if api == "trainjob":
+        return [f"{name}-node-0-{i}" for i in range(2)], f"{name}-launcher-0-0"
+    return [f"{name}-worker-{i}" for i in range(2)], f"{name}-launcher"
+
+
+def creates(api: str, name: str) -> list[tuple[str, str]]:
+    """The create calls that make job ``name``: the TrainJob's own runtime first."""
+    if api == "trainjob":
+        return [("trainingruntimes", name), ("trainjobs", name)]
+    return [("mpijobs", name)]
+
+
+@pytest.mark.parametrize("api", ["mpijob", "trainjob"])
+def test_a_retry_while_the_first_try_still_runs_reattaches_and_starts_no_second_job(
+    mpijob_network: MPIJobNetwork, mpijob_cluster, mnist_subset, capsys, api
+):
+    """Try 1's Airflow worker dies while its job runs; the job keeps running in the cluster.
+    Try 2 of the same task instance re-attaches to it: one create, one set of pods, one
+    training, whose metrics try 2 returns; nothing is left afterwards."""
+    s3 = mpijob_network.s3
+    bucket = s3.new_bucket(f"retry-{api}")
+    staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3.client())
+    release = f"s3://{bucket}/release"
+
+    def op() -> HorovodTrainOperator:
+        return k8s_op(
+            staged["uri"],
+            f"s3://{bucket}/runs/retry",
+            task_id=f"retried-{api}",
+            entrypoint=(*WHERE, "python", "-c", GATE, release),
+            trainer_args=TRAIN_ARGS,
+            slots_per_worker=1,
+            kubernetes_api=api,
+        )
+
+    # Try 1, through its own connection to the cluster (no process-wide patch: its threads
+    # outlive this test, stuck as a killed worker's would be).
+    first, severed = op(), Severed(mpijob_cluster)
+    make_launcher = first.make_launcher
+
+    def with_severable_hook(*args: Any, **kwargs: Any) -> Any:
+        launcher = make_launcher(*args, **kwargs)
+        launcher._hook = severed
+        return launcher
+
+    first.make_launcher = with_severable_hook  # type: ignore[method-assign]
+    try_1 = Running(first, None, context(try_number=1))
+    deadline = time.monotonic() + 300
+    while not mpijob_cluster.created:
+        assert time.monotonic() < deadline and try_1.thread.is_alive(), try_1.error
+        time.sleep(0.5)
+    name = mpijob_cluster.created[0]["metadata"]["name"]
+    workers, launcher = pod_names(api, name)
+    wait_for_log(
+        mpijob_cluster, launcher, ["[0]<stdout>:hva-gated", "[1]<stdout>:hva-gated"], try_1
+    )
+    severed.die()  # the worker running try 1 is lost; the job runs on in the cluster
+    assert try_1.thread.is_alive() and try_1.error is None
+    assert mpijob_cluster.state(launcher)[0] == "running"
+    assert f"submitted {KIND[api]} hva/{name} (2 ranks)" in capsys.readouterr().out
+
+    # Try 2 of the same task instance (Airflow's retry) re-attaches; only then is the job
+    # released to train.
+    try_2 = Running(op(), mpijob_cluster, context(try_number=2))
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "re-attaching to it instead of starting a second one" not in seen:
+        assert time.monotonic() < deadline and try_2.thread.is_alive(), (try_2.error, seen)
+        seen += capsys.readouterr().out
+        time.sleep(0.5)
+    assert f"{KIND[api]} hva/{name} of this task instance (made by try 1) is still running" in seen
+    s3.client().put_object(Bucket=bucket, Key="release", Body=b"go")
+    try_2.join(timeout=600)
+    assert try_2.error is None, try_2.error
+    result = try_2.result
+    assert result is not None
+    log = seen + capsys.readouterr().out
+
+    # One job, created once (by try 1); one set of pods, started once.
+    assert mpijob_cluster.create_calls == creates(api, name)
+    assert [m["metadata"]["labels"]["try_number"] for m in mpijob_cluster.created] == ["1"]
+    assert mpijob_cluster.started == [*workers, launcher]
+    assert "submitted" not in log  # try 2 created nothing
+    # Try 2 followed that job's launcher pod from its start, and returns that training's
+    # metrics.
+    assert log.count(f"[0]<stdout>:hva-rank rank=0 host={workers[0]}") == 1
+    assert f"[1]<stdout>:hva-rank rank=1 host={workers[1]}" in log
+    metrics = read_json(s3, result["metrics_uri"])
+    assert result["world_size"] == metrics["world_size"] == 2
+    assert result["val_accuracy"] == metrics["val_accuracy"]
+    assert result["val_samples"] == TRAIN_ARGS["max_val_samples"]
+    assert len(metrics["history"]) == TRAIN_ARGS["epochs"]
+    # Succeeded: the job, its runtime, its Secret and its pods are gone. Try 1 made no call
+    # after it died: its threads are stuck in the severed connection.
+    assert mpijob_cluster.jobs == {} and mpijob_cluster.trainjobs == {}
+    assert mpijob_cluster.runtimes == {} and mpijob_cluster.core_v1_client.secrets == {}
+    assert mpijob_cluster.containers() == []
+    assert try_1.thread.is_alive() and try_1.error is None

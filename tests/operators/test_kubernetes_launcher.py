@@ -884,6 +884,23 @@ def test_a_retry_reattaches_to_a_running_job_and_replaces_a_finished_one(
         assert hook.created["hvd-train-1234"]["metadata"]["labels"]["try_number"] == "2"
 
 
+def test_a_retry_that_finds_the_job_being_deleted_waits_until_gone_then_starts_its_own():
+    """A running job already being deleted (a user, or try 1's on_kill) is not re-attached to:
+    its pods are going. This try waits until it is gone, then creates its own."""
+    being_deleted = left_by_try_1(RUNNING)
+    being_deleted["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+    hook = FakeHook([being_deleted, SUCCEEDED], log_text="[0]<x>:ok")
+    hook.objects["hvd-train-1234"] = {"metadata": {"name": "hvd-train-1234"}}
+    hook.linger = 2  # its pods still terminate for two more looks
+    log = LineLog()
+    assert launcher(hook).run(spec(labels={"try_number": "2"}), log).exit_code == 0
+    message = "deleting MPIJob ml/hvd-train-1234 (made by try 1, being deleted)"
+    assert any(message in line for line in log.lines), log.lines
+    assert not any("re-attaching" in line for line in log.lines), log.lines
+    assert hook.created["hvd-train-1234"]["metadata"]["labels"]["try_number"] == "2"
+    assert hook.deleted == ["hvd-train-1234", "hvd-train-1234"] and hook.lingering == {}
+
+
 def test_a_job_of_an_earlier_try_that_never_goes_away_fails_the_launch():
     from operators import HorovodLaunchError
 

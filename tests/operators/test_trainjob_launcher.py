@@ -312,9 +312,10 @@ def left(state: dict[str, Any]) -> dict[str, Any]:
     ("earlier", "message"),
     [
         (RUNNING, "TrainJob ml/hvd-train-1234 of this task instance (made by try 1) is still"),
+        (COMPLETE, "deleting TrainJob ml/hvd-train-1234 (made by try 1, succeeded: ok)"),
         (FAILED, "deleting TrainJob ml/hvd-train-1234 (made by try 1, failed: JobsFailed"),
     ],
-    ids=["running", "failed"],
+    ids=["running", "succeeded", "failed"],
 )
 def test_a_retry_reattaches_to_a_running_trainjob_and_replaces_a_finished_one(earlier, message):
     hook = TrainerHook([left(earlier), COMPLETE])
@@ -324,12 +325,30 @@ def test_a_retry_reattaches_to_a_running_trainjob_and_replaces_a_finished_one(ea
     assert launcher(hook).run(spec(labels={"try_number": "2"}), log).exit_code == 0
     assert any(message in line for line in log.lines), log.lines
     if earlier is RUNNING:
-        assert hook.created == []
+        # waited for, not duplicated: no runtime, no TrainJob, no Secret written by this try
+        assert hook.created == [] and hook.core_v1_client.created_secret_text == ""
         assert hook.deleted == [("trainjobs", NAME), ("trainingruntimes", NAME)]
     else:
+        # the finished one and its runtime are gone before this try's are created
         assert hook.created == [("trainingruntimes", NAME), ("trainjobs", NAME)]
         made = hook.deleted[:2]
         assert made == [("trainjobs", NAME), ("trainingruntimes", NAME)]
+
+
+def test_a_deferrable_retry_while_the_trainjob_runs_defers_on_it_without_a_second_job(tmp_path):
+    op = k8s_train_op(kubernetes_api="trainjob", deferrable=True, output=str(tmp_path / "o"))
+    name = op.build_spec(context())[0].name
+    hook = TrainerHook([{**RUNNING, "metadata": {"name": name, "labels": {"try_number": "1"}}}])
+    hook.objects[TRAINJOBS][name] = {"metadata": {"name": name}}
+    hook.objects[RUNTIMES][name] = {"metadata": {"name": name}, "spec": {}}
+    with (
+        mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook),
+        pytest.raises(TaskDeferred) as deferred,
+    ):
+        op.execute(context(try_number=2))
+    assert hook.created == [] and hook.deleted == []
+    trigger = deferred.value.trigger
+    assert trigger.name == name and trigger.kubernetes_api == "trainjob"
 
 
 def test_a_runtime_left_without_its_job_is_replaced_by_this_tries():
