@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from bench.report import MNIST_DIR
-from trainer import layout
+from horovod_airflow.trainer import layout
 
 
 def prepare_torchvision_root(dest: Path, source: Path = MNIST_DIR) -> Path:
@@ -38,7 +38,8 @@ def stage_local_dataset(dest: Path, source: Path = MNIST_DIR) -> Path:
     """A staged dataset folder (``--data`` for our trainer): the ``.gz`` files + manifest.json.
 
     The files are symlinked, not copied; the manifest is the one
-    ``operators.staging.stage_dataset`` would upload (``trainer.layout.build_manifest``), so
+    ``horovod_airflow.operators.staging.stage_dataset`` would upload
+    (``horovod_airflow.trainer.layout.build_manifest``), so
     the trainer verifies them as usual.
     """
     dest.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Horovod's background cycle on CPU ranks: its own default against the trainer's 10 ms.
 
 On a CPU node the Horovod background thread (which wakes every ``HOROVOD_CYCLE_TIME`` ms to
-negotiate ready tensors) shares the cores that run the ranks' compute. ``trainer.train``
+negotiate ready tensors) shares the cores that run the ranks' compute.
+``horovod_airflow.trainer.train``
 therefore sets a 10 ms cycle on CPU unless ``HOROVOD_CYCLE_TIME`` is already set. This
 benchmark measures that choice: in one invocation it alternates trainer runs (``horovodrun
 -np N``, same data, same seed, trainer defaults otherwise) with ``HOROVOD_CYCLE_TIME`` set to
@@ -36,7 +37,7 @@ from bench.report import (
     run_horovod,
     write_results,
 )
-from trainer.train import CPU_CYCLE_TIME_MS
+from horovod_airflow.trainer.train import CPU_CYCLE_TIME_MS
 
 # Horovod 0.28's own default cycle (horovod/common/operations.cc: the parameter manager starts
 # at 1 ms when HOROVOD_CYCLE_TIME is unset); the trainer's CPU choice, read from the trainer.
@@ -47,7 +48,14 @@ TRAINER_CPU_MS = float(CPU_CYCLE_TIME_MS)
 def one_run(workdir: Path, np: int, cycle_ms: float, samples: int, tag: str) -> float:
     """Train one epoch on ``samples`` images with the given cycle; rank 0's samples/s."""
     staged = stage_local_dataset(workdir / "staged")
-    args = ["trainer", "train", "--data", str(staged), "--output", str(workdir / f"out-{tag}")]
+    args = [
+        "horovod_airflow.trainer",
+        "train",
+        "--data",
+        str(staged),
+        "--output",
+        str(workdir / f"out-{tag}"),
+    ]
     args += ["--epochs", "1", "--max-train-samples", str(samples), "--max-val-samples", "1000"]
     args += ["--log-interval", "0"]
     env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache"), "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}"})

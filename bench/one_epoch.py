@@ -2,7 +2,8 @@
 
 Time to 99 % is (epochs needed) × (seconds per epoch). ``bench.time_to_accuracy`` measures the
 product for the default recipe; this benchmark asks whether one epoch does, reliably: it runs
-``python -m trainer train --epochs 1`` under ``horovodrun`` once per recipe below (the
+``python -m horovod_airflow.trainer train --epochs 1`` under ``horovodrun`` once per recipe below
+(the
 defaults on three seeds, then one knob at a time), on the full vendored MNIST, and tabulates
 the allreduced validation accuracy at the end of the epoch. Run from the repository root
 (~6 minutes on 2 cores)::
@@ -94,7 +95,8 @@ def render(data: dict[str, Any]) -> str:
     if data["quick"]:
         title += " (quick: subsets — not a measurement)"
     notes = (
-        "`python -m trainer train --epochs 1` plus the arguments shown (seed 42 unless shown), "
+        "`python -m horovod_airflow.trainer train --epochs 1` plus the arguments shown (seed 42 "
+        "unless shown), "
         "full MNIST unless quick; every other setting is the trainer's default. Precision: "
         f"{data['runs'][0]['precision']} by auto unless shown."
     )

@@ -7,7 +7,8 @@ folder, then reads back
 - each task instance's duration from that run's Airflow metadata DB,
 - the trainer's own training time (``train_seconds`` of the published ``metrics.json``),
 - the export's own time: ``export_seconds`` of ``parity.json`` when the exporter records it,
-  else the wall time of the same ``python -m trainer export`` run again outside Airflow on
+  else the wall time of the same ``python -m horovod_airflow.trainer export`` run again outside
+  Airflow on
   the published checkpoint (process start and imports included: an upper bound),
 
 and reports DAG wall time minus the training and export time: what staging, gating,
@@ -38,7 +39,13 @@ from typing import Any
 
 from bench.datasets import stage_local_dataset
 from bench.report import REPO, machine, machine_line, md_table, rank_env, write_results
-from trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, PARITY, PARITY_NAME
+from horovod_airflow.trainer.contract import (
+    CHECKPOINT_NAME,
+    METRICS,
+    METRICS_NAME,
+    PARITY,
+    PARITY_NAME,
+)
 
 PIPELINE = REPO / "scripts" / "run_pipeline.py"
 DAG_ID = "mnist_horovod_retrain"
@@ -78,7 +85,7 @@ def export_seconds(published: Path, workdir: Path) -> tuple[float, str]:
             return float(parity[key]), f"parity.json {key}"
     # The pipeline's S3 server is gone: re-run on the vendored MNIST, staged locally.
     data_dir = stage_local_dataset(workdir / "export-data")
-    cmd = [sys.executable, "-m", "trainer", "export", "--checkpoint"]
+    cmd = [sys.executable, "-m", "horovod_airflow.trainer", "export", "--checkpoint"]
     cmd += [str(published / CHECKPOINT_NAME), "--output", str(workdir / "export-rerun")]
     cmd += ["--data", str(data_dir)]
     start = time.perf_counter()

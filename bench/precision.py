@@ -1,8 +1,10 @@
 """What ``--precision auto`` should pick: the trainer's step under fp32/bf16 × channels-last off/on.
 
 One ``horovodrun`` (2 ranks on CPU, one per GPU on CUDA); in every rank, the trainer's own
-training step (``trainer.train.train_one_epoch`` over ``--steps`` batches per rank, the model
-from ``trainer.train.build_training_model``, Horovod's ``DistributedOptimizer``) is timed under
+training step (``horovod_airflow.trainer.train.train_one_epoch`` over ``--steps`` batches per rank,
+the model
+from ``horovod_airflow.trainer.train.build_training_model``, Horovod's ``DistributedOptimizer``) is
+timed under
 each of the four forced combinations, in rotating order within every repeat so that a change
 in the machine's load hits all four alike. Samples/s over all ranks, median of the repeats,
 each repeat timed by its slowest rank. The table says which combination ``auto`` resolves to
@@ -45,8 +47,8 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch
 
     from bench.train_throughput import our_training_step
-    from trainer import data, train
-    from trainer.config import TrainConfig
+    from horovod_airflow.trainer import data, train
+    from horovod_airflow.trainer.config import TrainConfig
 
     config = TrainConfig(
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0

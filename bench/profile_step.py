@@ -1,7 +1,8 @@
 """Where a training step's time goes: torch.profiler over our trainer's real steps, 2 ranks.
 
 Written for the case the time-to-accuracy target is missed: it profiles rank 0 while every
-rank runs ``trainer.train.train_one_epoch`` (trainer defaults, full MNIST in memory) under
+rank runs ``horovod_airflow.trainer.train.train_one_epoch`` (trainer defaults, full MNIST in
+memory) under
 ``horovodrun``, and tabulates the operators by self CPU time (CUDA time too on a GPU),
 grouped into forward/backward convolutions, linear layers, the optimizer, the gradient
 allreduce wait and the rest. Then it says what bounds the step: the model's FLOPs per
@@ -91,7 +92,8 @@ def training_flops(model: Any, input_shape: tuple[int, ...]) -> dict[str, float]
 
 def matmul_gflops(n: int, repeats: int, precision: str = "fp32") -> float:
     """GFLOP/s of an n×n matrix multiply in the step's precision (``fp32`` or ``bf16``) on this
-    rank's threads (the trainer's policy, set by ``trainer.train.setup_runtime``): its practical
+    rank's threads (the trainer's policy, set by ``horovod_airflow.trainer.train.setup_runtime``):
+    its practical
     peak. A bf16 step is held to a bf16 peak, so no layer can beat "the peak"."""
     import time
 
@@ -112,8 +114,8 @@ def run_rank(args: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from bench.train_throughput import our_training_step
-    from trainer import data, train
-    from trainer.config import TrainConfig
+    from horovod_airflow.trainer import data, train
+    from horovod_airflow.trainer.config import TrainConfig
 
     config = TrainConfig(
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0
@@ -141,7 +143,7 @@ def run_rank(args: argparse.Namespace) -> None:
         peak = matmul_gflops(matmul_n, 5, rt.precision)
     if not rt.is_primary:
         return
-    from trainer.model import INPUT_SHAPE, build_model
+    from horovod_airflow.trainer.model import INPUT_SHAPE, build_model
 
     flops = training_flops(build_model(config.model), INPUT_SHAPE)
     events = prof.key_averages()
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['world_size']})" + (" (quick)" if args.quick else "")
     )
     notes = (
-        f"{summary['steps']} steps of `trainer.train.train_one_epoch`, batch "
+        f"{summary['steps']} steps of `horovod_airflow.trainer.train.train_one_epoch`, batch "
         f"{summary['batch_per_rank']}/rank, {summary['threads_per_rank']} thread(s)/rank, "
         f"{summary['precision']}, device {summary['device']}; "
         f"{summary['step_cpu_ms_total'] / summary['steps']:.1f} ms of CPU time per step on "

@@ -193,7 +193,8 @@ def run_horovod(
 ) -> HorovodRun:
     """Run ``horovodrun -np N -H localhost:N python -m <module_args>`` and time it.
 
-    The run is the product's own: ``operators.launchers.local.LocalLauncher``, so a timeout
+    The run is the product's own: ``horovod_airflow.operators.launchers.local.LocalLauncher``, so a
+    timeout
     stops horovodrun *and* every rank (their middlemen ``setsid()`` out of horovodrun's
     process group; the launcher walks the process tree and the job's environment marker).
     Each output line is stamped with its arrival time (seconds after launch), so a benchmark
@@ -203,9 +204,9 @@ def run_horovod(
     if np < 1:
         raise ValueError(f"np (Horovod ranks) must be >= 1, got {np}")
     # Imported here: the ranks import this module too and need neither Airflow nor psutil.
-    from operators.exceptions import HorovodTimeoutError, HorovodTrainingError
-    from operators.launchers.base import JobSpec
-    from operators.launchers.local import LocalLauncher
+    from horovod_airflow.operators.exceptions import HorovodTimeoutError, HorovodTrainingError
+    from horovod_airflow.operators.launchers.base import JobSpec
+    from horovod_airflow.operators.launchers.local import LocalLauncher
 
     cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m"]
     cmd += list(module_args)

@@ -3,7 +3,8 @@
 Both run in this one invocation, one after the other, on the full vendored MNIST (60,000
 train / 10,000 test) with ``horovodrun -np 2``:
 
-- **ours**: ``python -m trainer train`` with its defaults, on a staged dataset folder, once
+- **ours**: ``python -m horovod_airflow.trainer train`` with its defaults, on a staged dataset
+folder, once
   per ``--seeds`` value (default 42, the trainer's own, then 1 and 2);
 - **demo**: the original recipe (``bench.demo_baseline``: per-sample transforms, batch 64,
   Adam lr 0.001 × 2, torch default threads, 3 epochs), with allreduced accuracy.
@@ -41,7 +42,7 @@ from bench.report import (
     run_horovod,
     write_results,
 )
-from trainer.contract import METRICS, METRICS_NAME
+from horovod_airflow.trainer.contract import METRICS, METRICS_NAME
 
 TARGET_SPEEDUP = 10.0
 
@@ -56,7 +57,7 @@ def run_ours(
     """
     staged = stage_local_dataset(workdir / "staged")
     output = workdir / "ours-output"
-    args = ["trainer", "train", "--data", str(staged), "--output", str(output)]
+    args = ["horovod_airflow.trainer", "train", "--data", str(staged), "--output", str(output)]
     args += extra_args or []
     env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache")})
     run = run_horovod(np, args, log=workdir / "ours.log", timeout=timeout, env=env)
@@ -67,7 +68,7 @@ def run_ours(
         if h["epoch"] not in ended:
             raise RuntimeError(
                 f"rank 0 printed no epoch event for epoch {h['epoch']} in {run.log}; "
-                "trainer.train.run must print one JSON line per epoch"
+                "horovod_airflow.trainer.train.run must print one JSON line per epoch"
             )
         t, event = ended[h["epoch"]]
         if event["val_accuracy"] != h["val_accuracy"]:

@@ -7,13 +7,16 @@ over all ranks, each repeat timed by its slowest rank):
 - the demo's input pipeline alone: torchvision ``MNIST`` + ``DataLoader`` (batch 64,
   ``DistributedSampler``) decoding a PIL image and running ``ToTensor``/``Normalize`` per
   sample, torch's default threads per rank;
-- our trainer's data path alone: ``trainer.train.batches`` over the normalized in-memory tensors
-  of ``trainer.data.load_split`` and the trainer's per-epoch shard
-  (``trainer.train.epoch_indices``), batch 64 (for the like-for-like ratio) and the trainer's
+- our trainer's data path alone: ``horovod_airflow.trainer.train.batches`` over the normalized
+in-memory tensors
+  of ``horovod_airflow.trainer.data.load_split`` and the trainer's per-epoch shard
+  (``horovod_airflow.trainer.train.epoch_indices``), batch 64 (for the like-for-like ratio) and the
+  trainer's
   default batch;
 - whole training steps: the demo's (its data + ``Net`` + Adam + ``DistributedOptimizer``, default
   threads, and again at our thread policy to separate the two effects) and ours
-  (``trainer.train.train_one_epoch`` over 10 batches per rank a call, trainer defaults);
+  (``horovod_airflow.trainer.train.train_one_epoch`` over 10 batches per rank a call, trainer
+  defaults);
 - model-only compute on one in-memory batch: fp32 against bf16 autocast + channels_last.
 
 Run from the repository root::
@@ -51,13 +54,13 @@ from bench.report import default_ranks, machine, machine_line, md_table, write_r
 if TYPE_CHECKING:
     import torch
 
-    from trainer.config import TrainConfig as TrainerConfig
-    from trainer.train import Runtime
+    from horovod_airflow.trainer.config import TrainConfig as TrainerConfig
+    from horovod_airflow.trainer.train import Runtime
 
 DEMO_BATCH = 64
 OUR_STEPS_PER_CALL = 10  # trainer steps per timed call of "our training step"
 DEFAULT_THREADS = "torch default threads"  # the demo's: one per core in every rank
-OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (trainer.train.setup_runtime)
+OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (horovod_airflow.trainer.train.setup_runtime)
 
 
 # --- what runs in each Horovod rank -------------------------------------------------------
@@ -71,21 +74,23 @@ def our_training_step(
     y: torch.Tensor,
     steps: int = 1,
 ) -> Callable[[], None]:
-    """``steps`` optimizer steps of every rank through ``trainer.train.train_one_epoch`` itself.
+    """``steps`` optimizer steps of every rank through
+    ``horovod_airflow.trainer.train.train_one_epoch`` itself.
 
     The trainer's model, optimizer and ``DistributedOptimizer`` wrapping as in
-    ``trainer.train.run``; an "epoch" over exactly ``steps`` batches per rank. Each call also
+    ``horovod_airflow.trainer.train.run``; an "epoch" over exactly ``steps`` batches per rank. Each
+    call also
     pays what the trainer pays once per epoch (the shard permutation and the blocking
     allreduce of the loss sums), so a throughput figure wants ``steps`` > 1 to spread it.
     """
     import horovod.torch as hvd
 
-    from trainer import train
-    from trainer.config import lr_at
+    from horovod_airflow.trainer import train
+    from horovod_airflow.trainer.config import lr_at
 
     model = train.build_training_model(config, device)
     world_factor = train.lr_world_factor(config, device)
-    optimizer = hvd.DistributedOptimizer(  # Horovod: as trainer.train.run wraps it
+    optimizer = hvd.DistributedOptimizer(  # Horovod: as horovod_airflow.trainer.train.run wraps it
         train.build_optimizer(config, model, lr_at(config, world_factor, 0, 1)),
         named_parameters=model.named_parameters(),
         op=hvd.Average,
@@ -109,9 +114,9 @@ def run_rank(args: argparse.Namespace) -> None:
     from torchvision import datasets
 
     from bench.demo_baseline import demo_net, demo_transform, quiet_dropout2d_warning
-    from trainer import data, train
-    from trainer.config import TrainConfig
-    from trainer.model import build_model
+    from horovod_airflow.trainer import data, train
+    from horovod_airflow.trainer.config import TrainConfig
+    from horovod_airflow.trainer.model import build_model
 
     quiet_dropout2d_warning()
     default_threads = torch.get_num_threads()  # the demo's: read before the trainer sets its own
@@ -202,7 +207,8 @@ def run_rank(args: argparse.Namespace) -> None:
 
     measure("demo input pipeline", DEMO_BATCH, DEFAULT_THREADS, demo_data_step)
 
-    # Our data path: trainer.train.batches over this rank's shard of the epoch permutation.
+    # Our data path: horovod_airflow.trainer.train.batches over this rank's shard of the epoch
+    # permutation.
     memory_format = torch.channels_last if rt.channels_last else torch.contiguous_format
     shard = train.epoch_indices(x.shape[0], rt, config.seed, 0).to(device)
 
@@ -246,7 +252,8 @@ def run_rank(args: argparse.Namespace) -> None:
     if not cuda and our_threads != default_threads:
         measure("demo training step", DEMO_BATCH, OUR_THREADS, demo_train_step)
 
-    # Our training steps: trainer.train.train_one_epoch over OUR_STEPS_PER_CALL batches per
+    # Our training steps: horovod_airflow.trainer.train.train_one_epoch over OUR_STEPS_PER_CALL
+    # batches per
     # rank a call (its once-per-epoch loss allreduce would otherwise be timed as every step's).
     torch.manual_seed(config.seed)
     our_train_step = our_training_step(config, rt, device, x, y, steps=OUR_STEPS_PER_CALL)

@@ -6,7 +6,8 @@
 1. **stage_dataset** (`StageDatasetOperator`) uploads the dataset (default: the vendored
    real MNIST) to `s3://<bucket>/datasets/mnist/<content-hash>/` with a `manifest.json`.
    Content-addressed: an unchanged dataset uploads nothing.
-2. **train** (`HorovodTrainOperator`) runs `horovodrun -np <num_proc> python -m trainer
+2. **train** (`HorovodTrainOperator`) runs `horovodrun -np <num_proc> python -m
+horovod_airflow.trainer
    train` through the chosen launcher (local subprocess, Docker container, or Kubeflow
    MPIJob). Artifacts go to the run-scoped prefix `s3://<bucket>/runs/<dag_id>/<run_key>/`
    (the run id plus a hash of it: distinct runs never share one); the returned metrics are
@@ -39,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import Asset, Param, dag
 
-from operators import (
+from horovod_airflow.operators import (
     HorovodExportOperator,
     HorovodTrainOperator,
     ModelGateOperator,
@@ -48,7 +49,7 @@ from operators import (
     safe_key,
     trainer_param_schema,
 )
-from operators.settings import (
+from horovod_airflow.operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
     DEFAULT_LAUNCHER,

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.sdk import Asset, dag, get_current_context, task
 
-from operators.settings import (
+from horovod_airflow.operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
     LATEST_MODEL_ASSET_NAME,
@@ -44,7 +44,10 @@ def mnist_serve_latest_model() -> None:
         """Download the triggering event's model, verify its sha256, predict a few test digits."""
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-        from operators.serving import published_from_events, smoke_test_published_model
+        from horovod_airflow.operators.serving import (
+            published_from_events,
+            smoke_test_published_model,
+        )
 
         events = get_current_context()["triggering_asset_events"]
         client = S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()

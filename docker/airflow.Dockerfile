@@ -20,17 +20,20 @@ RUN python /tmp/hva/pins_from_lock.py /tmp/hva/airflow-requirements.in /tmp/hva/
  && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/hva/pins.txt \
  && rm -rf /tmp/hva
 
-# Our packages on PYTHONPATH (as the tests run them), the trainer side limited to its
-# torch-free modules so nothing here can import torch by accident.
-COPY --chown=50000:0 operators/ /opt/hva/operators/
+# Our packages on PYTHONPATH under their import name, horovod_airflow (as the wheel installs
+# them), the trainer side limited to its torch-free modules so nothing here can import torch by
+# accident.
+COPY --chown=50000:0 horovod_airflow/__init__.py /opt/hva/horovod_airflow/__init__.py
+COPY --chown=50000:0 operators/ /opt/hva/horovod_airflow/operators/
 COPY --chown=50000:0 trainer/__init__.py trainer/contract.py trainer/layout.py trainer/fileset.py \
-     trainer/storage.py trainer/config.py /opt/hva/trainer/
+     trainer/storage.py trainer/config.py /opt/hva/horovod_airflow/trainer/
 COPY --chown=50000:0 docker/check_docker_launcher.py /opt/hva/bin/check_docker_launcher.py
-# The vendored MNIST where operators/staging.py looks for it: <repo>/data/mnist, the repo being
-# /opt/hva here (the DAG's dataset_source "vendored").
+# The vendored MNIST, which the DAG's dataset_source "vendored" stages: HVA_VENDORED_MNIST says
+# where (operators/staging.py; in a checkout it is <repo>/data/mnist).
 COPY --chown=50000:0 data/mnist/ /opt/hva/data/mnist/
 COPY --chown=50000:0 dags/ /opt/airflow/dags/
-ENV PYTHONPATH=/opt/hva
+ENV PYTHONPATH=/opt/hva \
+    HVA_VENDORED_MNIST=/opt/hva/data/mnist
 
-RUN python -c "import operators, trainer.contract, trainer.layout, trainer.fileset, trainer.config" \
+RUN python -c "import horovod_airflow.operators, horovod_airflow.trainer.contract, horovod_airflow.trainer.layout, horovod_airflow.trainer.fileset, horovod_airflow.trainer.config" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"

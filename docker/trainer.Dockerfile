@@ -1,11 +1,11 @@
 # syntax=docker/dockerfile:1
-# The trainer image: what every Horovod rank runs (`python -m trainer train|export|doctor`).
+# The trainer image: what every Horovod rank runs (`python -m horovod_airflow.trainer train|export|doctor`).
 # torch 2.14.1 (CUDA 13.0 build) + torchvision from requirements/lock.txt, Horovod 0.28.1 built
 # with NCCL + Gloo by scripts/build_horovod.sh (the one place that knows how to build it against
 # torch >= 2.14), then the trainer package. No Airflow in here.
 #
 #   docker build -f docker/trainer.Dockerfile -t horovod-airflow-trainer:0.1.0 .
-#   docker run --rm --gpus all horovod-airflow-trainer:0.1.0 python -m trainer doctor --np 1
+#   docker run --rm --gpus all horovod-airflow-trainer:0.1.0 python -m horovod_airflow.trainer doctor --np 1
 #
 # Base: Debian bookworm's Python 3.11 image for both stages, not nvidia/cuda or pytorch/pytorch:
 # the lock is resolved for CPython 3.11 (Ubuntu 24.04 ships 3.12), the torch wheel carries its own
@@ -60,7 +60,8 @@ RUN apt-get update \
 RUN useradd --create-home --uid 1000 --user-group --shell /bin/bash trainer
 COPY docker/trainer-sshd_config /etc/ssh/hva_worker_sshd_config
 COPY --from=build /opt/venv /opt/venv
-COPY trainer/ /opt/hva/trainer/
+COPY horovod_airflow/__init__.py /opt/hva/horovod_airflow/__init__.py
+COPY trainer/ /opt/hva/horovod_airflow/trainer/
 
 # NVIDIA_*: what the NVIDIA Container Toolkit exposes. LD_LIBRARY_PATH: Horovod's NCCL operations
 # load the libnccl.so.2 that the torch wheel installed (build_horovod.sh built against it).
@@ -83,7 +84,7 @@ RUN horovodrun --check-build >/tmp/check-build.txt \
  && grep -q '\[X\] PyTorch' /tmp/check-build.txt \
  && grep -q '\[X\] Gloo' /tmp/check-build.txt \
  && grep -q '\[X\] NCCL' /tmp/check-build.txt \
- && python -c "import trainer, trainer.storage, trainer.layout" \
+ && python -c "import horovod_airflow.trainer, horovod_airflow.trainer.storage, horovod_airflow.trainer.layout" \
  && rm /tmp/check-build.txt
 
-CMD ["python", "-m", "trainer", "doctor"]
+CMD ["python", "-m", "horovod_airflow.trainer", "doctor"]

@@ -2,17 +2,17 @@
 
 No torch is imported here; training and export run in the processes the launchers start.
 
-from operators import (
+from horovod_airflow.operators import (
     StageDatasetOperator, HorovodTrainOperator, ModelGateOperator,
     HorovodExportOperator, PublishModelOperator,
 )
 
 ``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
 ``trainer_param_schema("epochs", nullable=True)`` is the JSON schema of a trainer option as
-the trainer declares it (``trainer.config.param_schema``), for a DAG's ``Param``.
+the trainer declares it (``horovod_airflow.trainer.config.param_schema``), for a DAG's ``Param``.
 """
 
-from operators.exceptions import (
+from horovod_airflow.operators.exceptions import (
     ChampionChangedError,
     HorovodConfigError,
     HorovodLaunchError,
@@ -23,13 +23,13 @@ from operators.exceptions import (
     PublishRefusedError,
     TrainingCompletedError,
 )
-from operators.export import HorovodExportOperator
-from operators.gate import ModelGateOperator
-from operators.model_registry import safe_key
-from operators.publish import PublishModelOperator
-from operators.stage import StageDatasetOperator
-from operators.train import HorovodTrainOperator
-from trainer.config import param_schema as trainer_param_schema
+from horovod_airflow.operators.export import HorovodExportOperator
+from horovod_airflow.operators.gate import ModelGateOperator
+from horovod_airflow.operators.model_registry import safe_key
+from horovod_airflow.operators.publish import PublishModelOperator
+from horovod_airflow.operators.stage import StageDatasetOperator
+from horovod_airflow.operators.train import HorovodTrainOperator
+from horovod_airflow.trainer.config import param_schema as trainer_param_schema
 
 __all__ = [
     "ChampionChangedError",

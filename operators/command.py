@@ -11,7 +11,8 @@ the machine. So credentials never enter horovodrun's environment: the launcher w
 to a private file (mode 0600) named by ``HVA_RANK_ENV_FILE``, and each rank sources that
 file right before it ``exec``s the program. Only the file's *path* travels on command lines.
 
-Pure functions; no Airflow, no torch (``trainer.config`` is neither): unit-testable and shared
+Pure functions; no Airflow, no torch (``horovod_airflow.trainer.config`` is neither): unit-testable
+and shared
 by every launcher.
 """
 
@@ -23,14 +24,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import ConfigError, check_trainer_arg_keys
+from horovod_airflow.trainer.config import ConfigError, check_trainer_arg_keys
 
 HOROVODRUN = "horovodrun"
 #: The trainer's options the train operator sets from its own arguments (``program_argv``:
 #: ``data``, ``output``, ``resume_on_retry``), so never through ``trainer_args``.
 TRAINER_SETS = ("data", "output", "resume")
-TRAINER_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "train")
-EXPORT_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "trainer", "export")
+TRAINER_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "horovod_airflow.trainer", "train")
+EXPORT_ENTRYPOINT: tuple[str, ...] = ("python", "-m", "horovod_airflow.trainer", "export")
 
 # The variable that names the private file of rank credentials (the path is not a secret).
 RANK_ENV_FILE_VAR = "HVA_RANK_ENV_FILE"
@@ -115,7 +116,8 @@ def trainer_args_to_argv(
     Underscores become dashes; ``True`` is a bare flag; ``False``/``None`` are omitted; a
     list value repeats its items after one flag. A list/tuple is passed through as strings.
     With an ``entrypoint`` that is this project's ``trainer train``, a dict's keys must be
-    options it declares (``trainer.config.OPTIONS``) other than those the operator sets
+    options it declares (``horovod_airflow.trainer.config.OPTIONS``) other than those the operator
+    sets
     itself (``TRAINER_SETS``): a misspelt key fails here, at DAG parse time, naming the known
     ones, instead of in the ranks' argparse at run time.
     """
@@ -211,23 +213,25 @@ def horovodrun_argv(
 
 
 def is_our_trainer(entrypoint: Sequence[str]) -> bool:
-    """True when the entrypoint runs this project's trainer (``python -m trainer ...``)."""
+    """True when the entrypoint runs this project's trainer (``python -m horovod_airflow.trainer
+    ...``)."""
     ep = [str(a) for a in entrypoint]
-    return len(ep) >= 3 and ep[1] == "-m" and ep[2] == "trainer"
+    return len(ep) >= 3 and ep[1] == "-m" and ep[2] == "horovod_airflow.trainer"
 
 
 def is_our_train(entrypoint: Sequence[str]) -> bool:
-    """True when the entrypoint is this project's ``python -m trainer train``."""
+    """True when the entrypoint is this project's ``python -m horovod_airflow.trainer train``."""
     return is_our_trainer(entrypoint) and [str(a) for a in entrypoint][3:4] == ["train"]
 
 
 def doctor_argv(entrypoint: Sequence[str], num_proc: int, gpus_per_proc: int) -> list[str]:
-    """``python -m trainer doctor --np N --gpus-per-proc G`` with the entrypoint's python."""
+    """``python -m horovod_airflow.trainer doctor --np N --gpus-per-proc G`` with the entrypoint's
+    python."""
     python = str(entrypoint[0])
     return [
         python,
         "-m",
-        "trainer",
+        "horovod_airflow.trainer",
         "doctor",
         "--np",
         str(num_proc),

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 class AwsConnectionMixin:
     """``s3_hook`` and ``s3_client_for(uri)`` from the operator's ``aws_conn_id``.
 
-    ``aws_conn_id=None`` means no Airflow connection: :mod:`trainer.storage` then builds its
+    ``aws_conn_id=None`` means no Airflow connection: :mod:`horovod_airflow.trainer.storage` then
+    builds its
     client from the standard ``AWS_*`` environment (instance role, files).
     """
 

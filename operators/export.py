@@ -1,6 +1,7 @@
 """``HorovodExportOperator``: export a checkpoint to ONNX and check parity, as one process.
 
-``python -m trainer export --checkpoint C --output O [--data D]`` runs through the same
+``python -m horovod_airflow.trainer export --checkpoint C --output O [--data D]`` runs through the
+same
 launchers as training, so the export works where the Airflow worker has no torch: as a
 process (local) or one container (docker), without horovodrun; on Kubernetes as a one-rank
 MPIJob (``horovodrun -np 1`` on one worker pod), so that it shares the training's image,
@@ -14,11 +15,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
-from operators.exceptions import HorovodTrainingError
-from operators.job import HorovodJobOperatorBase, is_templated
-from operators.launchers.base import JobSpec
-from trainer.contract import ONNX_NAME, PARITY, PARITY_NAME, ContractError
+from horovod_airflow.operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
+from horovod_airflow.operators.exceptions import HorovodTrainingError
+from horovod_airflow.operators.job import HorovodJobOperatorBase, is_templated
+from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.trainer.contract import ONNX_NAME, PARITY, PARITY_NAME, ContractError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -30,7 +31,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
     :param checkpoint: URI of ``checkpoint.pt`` (templated).
     :param output: URI that receives ``model.onnx`` and ``parity.json`` (templated).
     :param data: dataset URI used for the parity check; None → the program's default (templated).
-    :param entrypoint: default ``python -m trainer export``.
+    :param entrypoint: default ``python -m horovod_airflow.trainer export``.
     :param export_args: extra arguments, dict or list, as for ``trainer_args`` (templated).
     :param require_parity: raise ``HorovodTrainingError`` when parity.json says not passed.
 
@@ -107,7 +108,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
 
     def collect_result(self) -> dict[str, Any]:
         """Read ``<output>/parity.json``; raise when it failed and ``require_parity`` is set."""
-        from trainer import storage
+        from horovod_airflow.trainer import storage
 
         parity_uri = storage.join(self.output_uri, PARITY_NAME)
         try:

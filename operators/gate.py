@@ -1,7 +1,8 @@
 """``ModelGateOperator``: the champion/challenger gate, and the skip of what follows a failure.
 
 Runs in the Airflow worker; needs no torch (re-scoring a champion uses onnxruntime). The
-decision is :func:`operators.model_registry.gate_challenger`'s; this module only wires it to
+decision is :func:`horovod_airflow.operators.model_registry.gate_challenger`'s; this module only
+wires it to
 Airflow: templated settings, the connection's S3 client, the XCom, and the skip.
 """
 
@@ -13,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 
-from operators.connection import AwsConnectionMixin
-from operators.exceptions import HorovodConfigError
-from operators.job import (
+from horovod_airflow.operators.connection import AwsConnectionMixin
+from horovod_airflow.operators.exceptions import HorovodConfigError
+from horovod_airflow.operators.job import (
     as_fraction,
     as_mapping,
     check_name,
@@ -23,7 +24,7 @@ from operators.job import (
     check_uri,
     is_templated,
 )
-from operators.model_registry import (
+from horovod_airflow.operators.model_registry import (
     DEFAULT_CHAMPION_SCORER,
     gate_challenger,
     resolve_champion_scorer,
@@ -47,7 +48,8 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
     Returns (as XCom) the decision dict when the gate passes: ``passed``, ``reason``,
     ``challenger_accuracy``, ``champion_accuracy``, ``champion_version``, ``champion_etag``
     (the ``latest.json`` that :class:`PublishModelOperator` may replace) and the rest of
-    :class:`operators.model_registry.GateDecision`. When it fails, the task succeeds and
+    :class:`horovod_airflow.operators.model_registry.GateDecision`. When it fails, the task
+    succeeds and
     skips its downstream tasks the way Airflow's ``ShortCircuitOperator`` does (same
     ``SkipMixin``, so a cleared downstream task stays skipped), and pushes no return value.
 
@@ -67,7 +69,8 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
     :param champion_scorer: re-scores a champion measured on other data on this run's
         dataset: ``"package.module:function"`` or a callable, called as ``f(published,
         dataset_uri, client=...)`` and returning ``{"accuracy": ...}``
-        (:func:`operators.model_registry.resolve_champion_scorer`); default: the MNIST
+        (:func:`horovod_airflow.operators.model_registry.resolve_champion_scorer`); default: the
+        MNIST
         scorer; None: no re-scoring, so a champion measured on other data fails the gate.
         A model whose dataset never changes (same content hash) is never re-scored.
     :param ignore_downstream_trigger_rules: as in ``ShortCircuitOperator``: True (default)

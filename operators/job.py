@@ -16,13 +16,17 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import BaseOperator
 
-from operators.command import Host, validate_env_name
-from operators.connection import AwsConnectionMixin
-from operators.exceptions import HorovodOperatorError, HorovodTimeoutError, HorovodTrainingError
-from operators.launchers.base import JobSpec, Launcher
-from operators.launchers.docker import DockerOptions
-from operators.launchers.kubernetes import KubernetesOptions
-from operators.launchers.local import LocalOptions
+from horovod_airflow.operators.command import Host, validate_env_name
+from horovod_airflow.operators.connection import AwsConnectionMixin
+from horovod_airflow.operators.exceptions import (
+    HorovodOperatorError,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+)
+from horovod_airflow.operators.launchers.base import JobSpec, Launcher
+from horovod_airflow.operators.launchers.docker import DockerOptions
+from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
+from horovod_airflow.operators.launchers.local import LocalOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -128,7 +132,8 @@ def job_labels(
 
 class HorovodJobSettings(TypedDict, total=False):
     """Keyword arguments several Horovod operators of one DAG share, written once:
-    ``HorovodTrainOperator(task_id=..., **SETTINGS)`` (see ``operators.settings.TRAINER_JOB``)."""
+    ``HorovodTrainOperator(task_id=..., **SETTINGS)`` (see
+    ``horovod_airflow.operators.settings.TRAINER_JOB``)."""
 
     aws_conn_id: str | None
     image: str | None
@@ -198,11 +203,14 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     :param preflight: check slots/GPUs and run the trainer's doctor before launching (the
         local launcher remembers a doctor pass per interpreter and installed torch/horovod:
         ``HVA_PREFLIGHT_CACHE``).
-    :param local: :class:`~operators.launchers.local.LocalOptions` (hosts, ssh, horovodrun
+    :param local: :class:`~horovod_airflow.operators.launchers.local.LocalOptions` (hosts, ssh,
+    horovodrun
         arguments, credentials folder, kill grace, working directory).
-    :param docker: :class:`~operators.launchers.docker.DockerOptions` (engine, mounts, IPC,
+    :param docker: :class:`~horovod_airflow.operators.launchers.docker.DockerOptions` (engine,
+    mounts, IPC,
         network, working directory, cleanup, pull, ``create_container`` overrides).
-    :param kubernetes: :class:`~operators.launchers.kubernetes.KubernetesOptions` (cluster,
+    :param kubernetes: :class:`~horovod_airflow.operators.launchers.kubernetes.KubernetesOptions`
+    (cluster,
         namespace, ``kubernetes_api`` (``"mpijob"``: a Kubeflow MPIJob, or ``"trainjob"``: a
         Kubeflow Trainer v2 TrainJob), slots per worker, pod settings, cleanup, deferrable,
         startup timeout, ``mpijob_overrides`` / ``trainjob_overrides``).
@@ -381,14 +389,14 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     def make_launcher(self, hosts: Sequence[Host] = ()) -> Launcher:
         """The chosen launcher, handed its options object."""
         if self.launcher == "local":
-            from operators.launchers.local import LocalLauncher
+            from horovod_airflow.operators.launchers.local import LocalLauncher
 
             return LocalLauncher(hosts, options=self.options("local"))
         if self.launcher == "docker":
-            from operators.launchers.docker import DockerLauncher
+            from horovod_airflow.operators.launchers.docker import DockerLauncher
 
             return DockerLauncher(image=str(self.image), options=self.options("docker"))
-        from operators.launchers.kubernetes import KubernetesLauncher
+        from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher
 
         return KubernetesLauncher(image=str(self.image), options=self.kubernetes_options)
 
@@ -403,8 +411,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             spec = dataclasses.replace(spec, timeout=self.job_deadline())
             k8s = self.kubernetes_options
             if self.launcher == "kubernetes" and k8s.deferrable:
-                from operators.launchers.kubernetes import KubernetesLauncher
-                from operators.triggers import MPIJobTrigger
+                from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher
+                from horovod_airflow.operators.triggers import MPIJobTrigger
 
                 assert isinstance(launcher, KubernetesLauncher)
                 ref = launcher.submit(spec, self.log)
@@ -438,7 +446,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
 
     def finish_deferred(self, event: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
         """After the trigger fired: surface the launcher pod's log, clean up, raise on failure."""
-        from operators.launchers.kubernetes import KubernetesLauncher
+        from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher
 
         secrets = list(self.job_env()[1].values())  # to redact the pod log
         launcher = self.make_launcher()
@@ -455,7 +463,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     # --- results ----------------------------------------------------------------------
     def read_json(self, uri: str, what: str) -> dict[str, Any]:
         """Read a JSON object the job wrote (through the connection's S3 client)."""
-        from trainer import storage
+        from horovod_airflow.trainer import storage
 
         try:
             text = storage.read_text(uri, client=self.s3_client_for(uri))

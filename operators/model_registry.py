@@ -6,7 +6,8 @@ Layout (``<bucket>/models/<model_name>/``)::
               training_curves.png, summary.md, manifest.json   # manifest written last
     latest.json        # points at the serving version; written last
 
-Every document read or written here follows its schema in ``trainer.contract`` (``LATEST``,
+Every document read or written here follows its schema in ``horovod_airflow.trainer.contract``
+(``LATEST``,
 ``VERSION_MANIFEST``, ``GATE``, ``METRICS``, ``PARITY``); the version manifest records the
 preprocessing the model carries (from ``parity.json``).
 
@@ -33,9 +34,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from operators.exceptions import ChampionChangedError, PublishRefusedError
-from trainer import storage
-from trainer.contract import (
+from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
+from horovod_airflow.trainer import storage
+from horovod_airflow.trainer.contract import (
     CHECKPOINT_NAME,
     CURVES_NAME,
     GATE,
@@ -94,7 +95,7 @@ def read_latest(
 
     The ETag is what a later publish conditions its write on (:func:`write_latest`). For a
     local registry folder it is the sha256 of the file's bytes. The document is checked
-    against ``trainer.contract.LATEST`` (:class:`ContractError` when it breaks it).
+    against ``horovod_airflow.trainer.contract.LATEST`` (:class:`ContractError` when it breaks it).
     """
     uri = latest_uri(bucket_uri, model_name)
     loc = storage.parse(uri)
@@ -312,8 +313,9 @@ def _short(content_hash: str | None) -> str:
     return "unknown (not recorded)" if not content_hash else content_hash[:16]
 
 
-#: The gate's default champion scorer: MNIST test split, onnxruntime (operators.serving).
-DEFAULT_CHAMPION_SCORER = "operators.serving:score_published_model"
+#: The gate's default champion scorer: MNIST test split, onnxruntime
+# (horovod_airflow.operators.serving).
+DEFAULT_CHAMPION_SCORER = "horovod_airflow.operators.serving:score_published_model"
 
 
 def resolve_champion_scorer(
@@ -325,7 +327,8 @@ def resolve_champion_scorer(
     an operator's settings serializable). It is called as ``scorer(published, dataset_uri,
     client=client)`` — ``published`` the champion's ``latest.json``, ``dataset_uri`` the
     staged dataset of this run — and returns a dict with ``accuracy`` (a fraction in [0, 1],
-    the champion's on that dataset), like :func:`operators.serving.score_published_model`.
+    the champion's on that dataset), like
+    :func:`horovod_airflow.operators.serving.score_published_model`.
     Raises ValueError naming a path that does not import or name a callable.
     """
     if scorer is None or callable(scorer):
@@ -375,7 +378,7 @@ def gate_challenger(
     challenger_hash = dataset.get("content_hash")
     rescored = None
     if champion is not None and champion_dataset_hash(champion) != challenger_hash:
-        from operators.serving import ModelIntegrityError
+        from horovod_airflow.operators.serving import ModelIntegrityError
 
         scorer = resolve_champion_scorer(champion_scorer)
         if scorer is None:

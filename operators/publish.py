@@ -1,7 +1,8 @@
 """``PublishModelOperator``: copy a gated model into the registry and point ``latest.json`` at it.
 
 Runs in the Airflow worker; needs no torch. The registry layout, the idempotent copy and the
-conditional write of ``latest.json`` are :func:`operators.model_registry.publish_model`'s;
+conditional write of ``latest.json`` are
+:func:`horovod_airflow.operators.model_registry.publish_model`'s;
 this module wires it to Airflow: templated settings, the run's version name, the
 connection's S3 client, the XCom and the Asset event.
 """
@@ -13,10 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
-from operators.connection import AwsConnectionMixin
-from operators.exceptions import HorovodConfigError
-from operators.job import as_mapping, check_name, check_upstream, check_uri, is_templated
-from operators.model_registry import asset_event_extra, publish_model, run_version
+from horovod_airflow.operators.connection import AwsConnectionMixin
+from horovod_airflow.operators.exceptions import HorovodConfigError
+from horovod_airflow.operators.job import (
+    as_mapping,
+    check_name,
+    check_upstream,
+    check_uri,
+    is_templated,
+)
+from horovod_airflow.operators.model_registry import asset_event_extra, publish_model, run_version
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -39,7 +46,7 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
     ``manifest_uri``, ``onnx_uri``, ``onnx_sha256``, ``val_accuracy``, ``dataset_uri``,
     ``dataset_content_hash``, ``dag_run_id``, ``published_at``. Each Asset in ``outlets``
     (declare the one of ``latest.json``) gets an event whose ``extra`` holds what a consumer
-    needs without a lookup (:func:`operators.model_registry.asset_event_extra`).
+    needs without a lookup (:func:`horovod_airflow.operators.model_registry.asset_event_extra`).
 
     :param bucket_uri: the registry's bucket, ``s3://bucket`` or a local folder (templated).
     :param model_name: the registry name of the model, e.g. ``mnist_cnn`` (templated).

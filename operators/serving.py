@@ -4,8 +4,10 @@ Also used by the gate to re-score the champion on a challenger's dataset, so tha
 accuracies it compares were measured on the same data.
 
 The input normalization is never a constant here: the model carries it (the ONNX metadata
-property ``trainer.contract.PREPROCESSING_KEY``), the version manifest records the same
-document, and a model without it is refused (:class:`trainer.contract.ContractError`).
+property ``horovod_airflow.trainer.contract.PREPROCESSING_KEY``), the version manifest records the
+same
+document, and a model without it is refused
+(:class:`horovod_airflow.trainer.contract.ContractError`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from operators.model_registry import read_champion
-from operators.staging import VENDORED_MNIST
-from trainer import contract, layout, storage
-from trainer.contract import LATEST_NAME, ONNX_NAME, VERSION_MANIFEST
+from horovod_airflow.operators.model_registry import read_champion
+from horovod_airflow.operators.staging import vendored_mnist
+from horovod_airflow.trainer import contract, layout, storage
+from horovod_airflow.trainer.contract import LATEST_NAME, ONNX_NAME, VERSION_MANIFEST
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,10 @@ class ModelIntegrityError(RuntimeError):
     """A published file does not match the sha256 its version manifest records."""
 
 
-def load_test_images(count: int, folder: Path = VENDORED_MNIST) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``count`` MNIST test images (uint8 [N, 28, 28]) and labels."""
-    files = layout.find_source_files(folder)
+def load_test_images(count: int, folder: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` MNIST test images (uint8 [N, 28, 28]) and labels of ``folder``
+    (default: the vendored MNIST, :func:`~horovod_airflow.operators.staging.vendored_mnist`)."""
+    files = layout.find_source_files(vendored_mnist() if folder is None else folder)
     images = layout.read_idx(files[("test", "images")])
     labels = layout.read_idx(files[("test", "labels")])
     return images[:count], labels[:count]
@@ -101,7 +104,8 @@ def model_preprocessing(session: Any, source: str) -> dict[str, Any]:
 def predict(session: Any, raw: np.ndarray) -> np.ndarray:
     """Predicted class indices of raw samples (e.g. uint8 images), preprocessed as the model says.
 
-    Raises :class:`trainer.contract.ContractError` when the model carries no preprocessing.
+    Raises :class:`horovod_airflow.trainer.contract.ContractError` when the model carries no
+    preprocessing.
     """
     pre = model_preprocessing(session, "the served model")
     out = []

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 
-from operators.job import HorovodJobSettings
-from operators.launchers.docker import DockerOptions
-from trainer.contract import LATEST_NAME
+from horovod_airflow.operators.job import HorovodJobSettings
+from horovod_airflow.operators.launchers.docker import DockerOptions
+from horovod_airflow.trainer.contract import LATEST_NAME
 
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
@@ -39,7 +39,7 @@ LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
 #: What the pipeline's Horovod jobs (train and export) share, for whichever launcher the
 #: trigger form picks: ``HorovodTrainOperator(..., **TRAINER_JOB)``. The docker options are
 #: used when the launcher renders to ``"docker"``, unused otherwise (see the launcher options
-#: rule of ``operators.job.HorovodJobOperatorBase``).
+#: rule of ``horovod_airflow.operators.job.HorovodJobOperatorBase``).
 TRAINER_JOB: HorovodJobSettings = {
     "aws_conn_id": AWS_CONN_ID,
     "image": TRAINER_IMAGE,

@@ -1,8 +1,9 @@
 """``StageDatasetOperator``: upload a dataset to S3, content-addressed: the first task.
 
 Runs in the Airflow worker; needs no torch. What is staged and where is
-:func:`operators.staging.stage_dataset`'s (MNIST-format) or
-:func:`operators.staging.stage_files`'s (any files); this module wires them to Airflow.
+:func:`horovod_airflow.operators.staging.stage_dataset`'s (MNIST-format) or
+:func:`horovod_airflow.operators.staging.stage_files`'s (any files); this module wires them to
+Airflow.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from operators.connection import AwsConnectionMixin
-from operators.exceptions import HorovodConfigError
-from operators.job import check_name, check_uri, is_templated
-from operators.staging import stage_dataset, stage_files
-from trainer.fileset import check_patterns
+from horovod_airflow.operators.connection import AwsConnectionMixin
+from horovod_airflow.operators.exceptions import HorovodConfigError
+from horovod_airflow.operators.job import check_name, check_uri, is_templated
+from horovod_airflow.operators.staging import stage_dataset, stage_files
+from horovod_airflow.trainer.fileset import check_patterns
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -43,7 +44,8 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
     :param files: stage any files instead of the MNIST layout: the file names or glob
         patterns (``["*.npy"]``) of the files directly in ``source`` (an ``s3://`` prefix or a
         local folder; not ``"vendored"``) to stage, each pattern matching at least one file.
-        The manifest is then a file set's (:mod:`trainer.fileset`: name, size and sha256 per
+        The manifest is then a file set's (:mod:`horovod_airflow.trainer.fileset`: name, size and
+        sha256 per
         file, and the content hash naming the prefix) and the XCom holds ``files`` (the
         staged names) instead of ``splits``. None (default): the MNIST-format IDX files.
     """

@@ -1,7 +1,7 @@
 """Stage a dataset into S3, content-addressed: the first task of the retraining pipeline.
 
 Runs in the Airflow worker; needs no torch. The layout is the trainer's
-(:mod:`trainer.layout`), so what is staged here is exactly what the ranks verify.
+(:mod:`horovod_airflow.trainer.layout`), so what is staged here is exactly what the ranks verify.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer import fileset, layout, storage
+from horovod_airflow.trainer import fileset, layout, storage
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +23,21 @@ VENDORED_MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
 VENDORED = "vendored"
 
 
+def vendored_mnist() -> Path:
+    """The vendored MNIST folder: ``$HVA_VENDORED_MNIST`` (the Airflow image sets it), else
+    ``data/mnist`` of this checkout."""
+    path = Path(os.environ.get("HVA_VENDORED_MNIST", VENDORED_MNIST))
+    if not path.is_dir():
+        raise layout.DatasetError(
+            f"the vendored MNIST is not at {path}; set HVA_VENDORED_MNIST or pass a source"
+        )
+    return path
+
+
 def _resolve_source(source: str, workdir: Path, client: Any) -> Path:
     """A local folder holding the source files; ``s3://`` sources are downloaded first."""
     if not source or source == VENDORED:
-        path = Path(os.environ.get("HVA_VENDORED_MNIST", VENDORED_MNIST))
-        if not path.is_dir():
-            raise layout.DatasetError(
-                f"the vendored MNIST is not at {path}; set HVA_VENDORED_MNIST or pass a source"
-            )
-        return path
+        return vendored_mnist()
     if source.startswith("s3://"):
         dest = workdir / "source"
         wanted = {n for stem in layout.STEMS.values() for n in (stem, stem + ".gz")}
@@ -158,7 +164,8 @@ def stage_files(
 
     The files are those directly in ``source`` (an ``s3://`` prefix or a local folder) whose
     names match ``patterns`` (file names or glob patterns, e.g. ``["*.npy"]``); each pattern
-    must match at least one file. The manifest (:mod:`trainer.fileset`, written last) records
+    must match at least one file. The manifest (:mod:`horovod_airflow.trainer.fileset`, written
+    last) records
     each file's size and sha256 and the content hash that names the prefix. Idempotent, like
     :func:`stage_dataset`: an already staged file set uploads nothing.
 

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from operators.command import (
+from horovod_airflow.operators.command import (
     TRAINER_ENTRYPOINT,
     check_controller,
     doctor_argv,
@@ -20,10 +20,14 @@ from operators.command import (
     program_argv,
     trainer_args_to_argv,
 )
-from operators.exceptions import HorovodConfigError, HorovodTrainingError, TrainingCompletedError
-from operators.job import HorovodJobOperatorBase, as_int, is_templated
-from operators.launchers.base import JobSpec
-from trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, ContractError
+from horovod_airflow.operators.exceptions import (
+    HorovodConfigError,
+    HorovodTrainingError,
+    TrainingCompletedError,
+)
+from horovod_airflow.operators.job import HorovodJobOperatorBase, as_int, is_templated
+from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, ContractError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -47,7 +51,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         (templated, as the ``output_uri`` attribute: ``BaseOperator.output`` is the XComArg).
     :param trainer_args: extra program arguments: a dict (``batch_size=64`` → ``--batch-size
         64``; True → bare flag; False/None → omitted) or a list of strings (templated).
-    :param entrypoint: the program, default ``python -m trainer train``.
+    :param entrypoint: the program, default ``python -m horovod_airflow.trainer train``.
     :param metric_key: the gate metric that must be in metrics.json.
     :param resume_on_retry: add ``--resume`` on a later try (``try_number > 1``) of a run
         whose training did not complete, so a failed try continues from its checkpoint.
@@ -60,9 +64,10 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         Horovod builds have), ``"mpi"`` (a Horovod built with MPI; needed for Adasum) or
         ``"auto"`` (horovodrun probes the build and prefers MPI; the probe costs seconds).
 
-    Plus the settings of :class:`operators.job.HorovodJobOperatorBase`: ``launcher``, its
+    Plus the settings of :class:`horovod_airflow.operators.job.HorovodJobOperatorBase`:
+    ``launcher``, its
     options objects (hosts and horovodrun's ssh settings are
-    :class:`~operators.launchers.local.LocalOptions`), and the timeout rule
+    :class:`~horovod_airflow.operators.launchers.local.LocalOptions`), and the timeout rule
     (``execution_timeout``).
     """
 
@@ -104,7 +109,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         ):
             raise ValueError(
                 f"entrypoint must be a non-empty list of strings like "
-                f"['python', '-m', 'trainer', 'train'], got {entrypoint!r}"
+                f"['python', '-m', 'horovod_airflow.trainer', 'train'], got {entrypoint!r}"
             )
         if isinstance(trainer_args, Mapping) or (
             trainer_args is not None and not is_templated(trainer_args)
@@ -138,7 +143,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
 
     def refuse_completed_training(self, try_number: int) -> None:
         """On a later try, raise :class:`TrainingCompletedError` if metrics.json is there."""
-        from trainer import storage
+        from horovod_airflow.trainer import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
         if storage.exists(metrics_uri, client=self.s3_client_for(metrics_uri)):
@@ -223,7 +228,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
 
     def collect_result(self) -> dict[str, Any]:
         """Read ``<output>/metrics.json`` (not stdout) and return the small XCom dict."""
-        from trainer import storage
+        from horovod_airflow.trainer import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
         try:

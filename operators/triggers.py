@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
+from horovod_airflow.operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
 
 
 class MPIJobTrigger(BaseTrigger):
@@ -79,7 +79,10 @@ class MPIJobTrigger(BaseTrigger):
         )
 
     def _launcher(self) -> Any:
-        from operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
+        from horovod_airflow.operators.launchers.kubernetes import (
+            KubernetesLauncher,
+            KubernetesOptions,
+        )
 
         options = KubernetesOptions(
             kubernetes_conn_id=self.kubernetes_conn_id,

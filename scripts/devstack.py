@@ -47,7 +47,8 @@ def airflow_env(home: Path) -> dict[str, str]:
 
 def venv_and_repo_on_path() -> None:
     """This venv's bin first on ``PATH`` (horovodrun, python, airflow) and the repo root on
-    ``PYTHONPATH``, for this process and every one it starts (``python -m trainer ...``)."""
+    ``PYTHONPATH``, for this process and every one it starts (``python -m horovod_airflow.trainer
+    ...``)."""
     os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p

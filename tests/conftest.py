@@ -40,7 +40,7 @@ os.environ.setdefault("AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL", "0")
 # Remembered doctor passes of the local launcher: the suite's own, never the user's.
 os.environ["HVA_PREFLIGHT_CACHE"] = str(_AIRFLOW_HOME / "preflight-cache")
 # Ranks and helper processes must find the venv's horovodrun and python first, and the repo
-# root is on the path of every process a test starts (python -m trainer ...).
+# root is on the path of every process a test starts (python -m horovod_airflow.trainer ...).
 venv_and_repo_on_path()
 
 

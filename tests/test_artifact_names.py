@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-from trainer import contract, layout
+from horovod_airflow.trainer import contract, layout
 
 REPO = Path(__file__).resolve().parents[1]
 HOME = REPO / "trainer" / "contract.py"
@@ -76,7 +76,9 @@ def test_no_artifact_name_is_spelled_outside_its_home():
     assert len(files) > 20
     offenders = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in files
                  for line, value in _literals(p)]  # fmt: skip
-    assert not offenders, "name these with trainer.contract's constants:\n" + "\n".join(offenders)
+    assert not offenders, (
+        "name these with horovod_airflow.trainer.contract's constants:\n" + "\n".join(offenders)
+    )
 
 
 def test_the_check_finds_a_spelled_name(tmp_path):

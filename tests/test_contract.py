@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from trainer import contract
-from trainer.contract import (
+from horovod_airflow.trainer import contract
+from horovod_airflow.trainer.contract import (
     GATE,
     LATEST,
     METRICS,
@@ -31,7 +31,7 @@ def _pre(**overrides):
 
 def test_the_contract_imports_without_torch_numpy_or_airflow():
     code = (
-        "import sys, trainer.contract, trainer.layout; "
+        "import sys, horovod_airflow.trainer.contract, horovod_airflow.trainer.layout; "
         "print(sorted(m for m in ('torch', 'numpy', 'airflow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

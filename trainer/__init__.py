@@ -1,7 +1,8 @@
 """The Horovod training program (runs inside each Horovod rank; never imports Airflow).
 
-Launch: ``horovodrun -np 2 -H localhost:2 python -m trainer train --data URI --output URI``.
-See ``python -m trainer --help``.
+Launch: ``horovodrun -np 2 -H localhost:2 python -m horovod_airflow.trainer train --data URI
+--output URI``.
+See ``python -m horovod_airflow.trainer --help``.
 """
 
 __version__ = "0.1.0"

@@ -1,10 +1,11 @@
-"""``python -m trainer {train,export,doctor}`` — see ``trainer.cli``."""
+"""``python -m horovod_airflow.trainer {train,export,doctor}`` — see
+``horovod_airflow.trainer.cli``."""
 
 import atexit
 import os
 import sys
 
-from trainer.cli import main
+from horovod_airflow.trainer.cli import main
 
 code = main()
 # The command has finished and written all it writes (files closed, uploads complete). Run

@@ -1,21 +1,22 @@
-"""Command line of the trainer: ``python -m trainer {train,export,doctor}``.
+"""Command line of the trainer: ``python -m horovod_airflow.trainer {train,export,doctor}``.
 
 Train with 2 ranks on this machine (CPU or one GPU per rank)::
 
-    horovodrun -np 2 -H localhost:2 python -m trainer train \\
+    horovodrun -np 2 -H localhost:2 python -m horovod_airflow.trainer train \\
         --data s3://bucket/datasets/mnist/<hash16> --output s3://bucket/runs/<dag_id>/<run_id>
 
 on 2 nodes with 4 GPUs each::
 
-    horovodrun -np 8 -H node1:4,node2:4 python -m trainer train --data ... --output ...
+    horovodrun -np 8 -H node1:4,node2:4 python -m horovod_airflow.trainer train --data ... --output
+    ...
 
 Export the checkpoint to ONNX and check it against PyTorch::
 
-    python -m trainer export --checkpoint s3://.../checkpoint.pt --output s3://.../onnx
+    python -m horovod_airflow.trainer export --checkpoint s3://.../checkpoint.pt --output s3://.../onnx
 
 Check that N ranks can start here::
 
-    python -m trainer doctor --np 2 [--gpus-per-proc 1] [--json]
+    python -m horovod_airflow.trainer doctor --np 2 [--gpus-per-proc 1] [--json]
 
 ``--data`` and ``--output`` take ``s3://bucket/prefix`` (credentials and endpoint from the
 standard AWS_* environment variables) or a local folder.
@@ -29,8 +30,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from trainer import config as options
-from trainer.config import ConfigError, TrainConfig
+from horovod_airflow.trainer import config as options
+from horovod_airflow.trainer.config import ConfigError, TrainConfig
 
 
 def _help(name: str) -> str:
@@ -89,7 +90,7 @@ def _train_parser(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog="python -m horovod_airflow.trainer",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -128,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             config = config_from_args(args)
         except ConfigError as e:
-            parser.exit(2, f"python -m trainer train: error: {e}\n")
-        from trainer.layout import DatasetError
-        from trainer.storage import StorageError
-        from trainer.train import TrainingError, run
+            parser.exit(2, f"python -m horovod_airflow.trainer train: error: {e}\n")
+        from horovod_airflow.trainer.layout import DatasetError
+        from horovod_airflow.trainer.storage import StorageError
+        from horovod_airflow.trainer.train import TrainingError, run
 
         try:
             run(config)
@@ -143,13 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.samples < 1:
             parser.exit(
                 2,
-                f"python -m trainer export: error: --samples: an integer >= 1, "
+                f"python -m horovod_airflow.trainer export: error: --samples: an integer >= 1, "
                 f"got {args.samples}\n",
             )
-        from trainer.export import ParityError, run_export
-        from trainer.layout import DatasetError
-        from trainer.storage import StorageError
-        from trainer.train import TrainingError
+        from horovod_airflow.trainer.export import ParityError, run_export
+        from horovod_airflow.trainer.layout import DatasetError
+        from horovod_airflow.trainer.storage import StorageError
+        from horovod_airflow.trainer.train import TrainingError
 
         try:
             report = run_export(
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(json.dumps({"event": "export", **report}), flush=True)
         return 0
-    from trainer.doctor import diagnose, format_report
+    from horovod_airflow.trainer.doctor import diagnose, format_report
 
     report = diagnose(args.np_, args.gpus_per_proc)
     print(json.dumps(report, indent=2) if args.json else format_report(report), flush=True)

@@ -7,10 +7,10 @@ it is stored as a plain dict in ``checkpoint.pt`` (loadable with ``weights_only=
 
 Each option is declared once, here: a field of ``TrainConfig`` whose metadata (an ``Option``)
 holds its help text, ``--help`` group, choices or bounds and form title. From that one
-declaration come the ``trainer train`` command line (``trainer.cli``), the checks of
+declaration come the ``trainer train`` command line (``horovod_airflow.trainer.cli``), the checks of
 ``TrainConfig.__post_init__``, the JSON-schema fragments of the Airflow Params that feed these
 options (``param_schema``) and the check of ``trainer_args`` keys
-(``check_trainer_arg_keys``, used by ``operators.command.trainer_args_to_argv``).
+(``check_trainer_arg_keys``, used by ``horovod_airflow.operators.command.trainer_args_to_argv``).
 This module imports neither torch nor Airflow (the Airflow image imports it).
 
 Defaults are the recipe chosen by measurement for 2 CPU ranks on full MNIST: the BatchNorm CNN
@@ -53,7 +53,7 @@ NOT_RESULT_FIELDS = frozenset(
     )
 )
 
-#: The groups of ``python -m trainer train --help``, in the order shown.
+#: The groups of ``python -m horovod_airflow.trainer train --help``, in the order shown.
 IO = "data and artifacts"
 OPT = "model and optimization"
 HVD = "horovod"
@@ -67,7 +67,9 @@ class ConfigError(ValueError):
 
 
 def _model_names() -> tuple[str, ...]:
-    from trainer.model import MODELS  # torch-free at import; read when a model is checked
+    from horovod_airflow.trainer.model import (
+        MODELS,  # torch-free at import; read when a model is checked
+    )
 
     return tuple(sorted(MODELS))
 
@@ -119,7 +121,7 @@ class TrainConfig:
     model: str = field(
         default="mnist_bn",
         metadata=option(
-            "the network (trainer.model.MODELS; mnist_cnn: the demo's CNN)",
+            "the network (horovod_airflow.trainer.model.MODELS; mnist_cnn: the demo's CNN)",
             OPT,
             choices=_model_names,
         ),
@@ -473,7 +475,8 @@ def check_trainer_arg_keys(keys: Iterable[str], *, set_by_caller: Iterable[str] 
             )
         if key not in OPTIONS:
             raise ConfigError(
-                f"{key!r} is not an option of `python -m trainer train`; known: {', '.join(known)}"
+                f"{key!r} is not an option of `python -m horovod_airflow.trainer train`; "
+                f"known: {', '.join(known)}"
             )
 
 

@@ -1,7 +1,8 @@
 """Bring a staged dataset onto this node once, verify it, and load it as normalized tensors.
 
 ``fetch_dataset`` runs on one process per node (local rank 0; the others wait — see
-``trainer.train``): it reads ``manifest.json`` at the dataset URI, downloads each file into a
+``horovod_airflow.trainer.train``): it reads ``manifest.json`` at the dataset URI, downloads each
+file into a
 per-node cache ``<cache>/datasets/<content_hash16>/`` (skipped when a cached copy already
 verifies), checks size and sha256 against the manifest (``DatasetIntegrityError`` otherwise)
 and decompresses ``.gz`` files next to them. A local ``--data`` folder is verified in place.
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import layout, storage
-from trainer.layout import DatasetError, DatasetIntegrityError
+from horovod_airflow.trainer import layout, storage
+from horovod_airflow.trainer.layout import DatasetError, DatasetIntegrityError
 
 if TYPE_CHECKING:
     import torch
@@ -153,7 +154,7 @@ def load_split(
     dataset: LocalDataset, split: str, limit: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Images as float32 [N, 1, 28, 28] (normalized) and labels as int64 [N]; first ``limit``."""
-    from trainer.model import NORMALIZE_MEAN, NORMALIZE_STD
+    from horovod_airflow.trainer.model import NORMALIZE_MEAN, NORMALIZE_STD
 
     try:
         images = _read_idx(dataset.files[(split, "images")])

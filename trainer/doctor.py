@@ -1,4 +1,5 @@
-"""Can N Horovod ranks start here? ``python -m trainer doctor [--np N] [--gpus-per-proc G]``.
+"""Can N Horovod ranks start here? ``python -m horovod_airflow.trainer doctor [--np N]
+[--gpus-per-proc G]``.
 
 Reports torch, horovod, CUDA/NCCL/Gloo/MPI availability and the GPU count, and lists what is
 missing for the requested launch. Exit 0 when it can start, 1 otherwise.
@@ -14,7 +15,7 @@ from typing import Any
 
 def diagnose(np_: int = 1, gpus_per_proc: int = 0) -> dict[str, Any]:
     """Facts about this machine plus ``problems`` (each names what is missing)."""
-    from trainer.train import cpu_has_bf16, cuda_has_bf16, resolve_precision
+    from horovod_airflow.trainer.train import cpu_has_bf16, cuda_has_bf16, resolve_precision
 
     problems: list[str] = []
     warnings: list[str] = []

@@ -1,15 +1,20 @@
 """Export a checkpoint to one self-contained ONNX file and prove it computes what PyTorch does.
 
-``python -m trainer export --checkpoint URI --output URI [--data URI] [--samples N]`` writes
+``python -m horovod_airflow.trainer export --checkpoint URI --output URI [--data URI] [--samples
+N]`` writes
 ``<output>/model.onnx`` (dynamic batch axis, weights embedded — no ``.onnx.data`` sidecar)
-and ``<output>/parity.json`` (``trainer.contract.PARITY``). Parity: onnxruntime and PyTorch
+and ``<output>/parity.json`` (``horovod_airflow.trainer.contract.PARITY``). Parity: onnxruntime and
+PyTorch
 (float32, eval mode) on held-out test images; the export fails — exit 1, no ``model.onnx``
 written — when any logit differs by more than ``TOLERANCE`` or any predicted class differs.
 
 The model input is ``image``: float32 ``[batch, 1, 28, 28]``, ``(pixel / 255 - mean) / std``
-with mean/std from ``trainer.model``; the output is ``logits`` ``[batch, 10]``. The model
-carries that preprocessing (``trainer.model.preprocessing()``) as the JSON of its ONNX
-metadata property ``trainer.contract.PREPROCESSING_KEY``, and ``parity.json`` records it too,
+with mean/std from ``horovod_airflow.trainer.model``; the output is ``logits`` ``[batch, 10]``. The
+model
+carries that preprocessing (``horovod_airflow.trainer.model.preprocessing()``) as the JSON of its
+ONNX
+metadata property ``horovod_airflow.trainer.contract.PREPROCESSING_KEY``, and ``parity.json``
+records it too,
 so serving reads it from the model instead of repeating the numbers.
 """
 
@@ -20,11 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import contract, data, storage
-from trainer.config import TrainConfig
-from trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
-from trainer.model import INPUT_NAME, INPUT_SHAPE, OUTPUT_NAME, build_model, preprocessing
-from trainer.train import load_checkpoint
+from horovod_airflow.trainer import contract, data, storage
+from horovod_airflow.trainer.config import TrainConfig
+from horovod_airflow.trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
+from horovod_airflow.trainer.model import (
+    INPUT_NAME,
+    INPUT_SHAPE,
+    OUTPUT_NAME,
+    build_model,
+    preprocessing,
+)
+from horovod_airflow.trainer.train import load_checkpoint
 
 TOLERANCE = 1e-4
 

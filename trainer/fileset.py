@@ -10,10 +10,12 @@ names or glob patterns, plus a ``manifest.json``::
       "files": [{"name": "train_signals.npy", "size": 614528, "sha256": "..."}, ...]
     }
 
-at ``<bucket>/datasets/<name>/<content_hash[:16]>/`` (:func:`trainer.layout.staged_prefix`),
+at ``<bucket>/datasets/<name>/<content_hash[:16]>/``
+(:func:`horovod_airflow.trainer.layout.staged_prefix`),
 so an unchanged file set is never uploaded twice. The format string is
-:data:`trainer.contract.FILESET_FORMAT`. The content hash is computed as for an
-MNIST-format dataset (:func:`trainer.layout.content_hash`). What the files hold is the
+:data:`horovod_airflow.trainer.contract.FILESET_FORMAT`. The content hash is computed as for an
+MNIST-format dataset (:func:`horovod_airflow.trainer.layout.content_hash`). What the files hold is
+the
 training program's business: it reads the manifest, fetches the files it needs with
 :func:`fetch_files` (each checked against its size and sha256) and parses them itself.
 Importable without torch and without Airflow (the Airflow worker stages, the ranks fetch).
@@ -28,9 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer import storage
-from trainer.contract import FILESET_FORMAT
-from trainer.layout import MANIFEST_NAME, DatasetError, content_hash, verify_file
+from horovod_airflow.trainer import storage
+from horovod_airflow.trainer.contract import FILESET_FORMAT
+from horovod_airflow.trainer.layout import MANIFEST_NAME, DatasetError, content_hash, verify_file
 
 
 def check_patterns(patterns: Any) -> list[str]:
@@ -137,7 +139,8 @@ def fetch_files(
     """Download every file of the file set at ``uri`` into ``dest``, each verified.
 
     Returns the manifest and ``{file name: local path}``. A local ``uri`` is verified in
-    place, not copied. Raises :class:`trainer.layout.DatasetIntegrityError` when a file's
+    place, not copied. Raises :class:`horovod_airflow.trainer.layout.DatasetIntegrityError` when a
+    file's
     size or sha256 differs from its manifest entry.
     """
     manifest = read_manifest(uri, client=client)

@@ -19,7 +19,7 @@ A staged dataset is a folder (S3 prefix or local path) of MNIST-format IDX files
 The content hash names the staged prefix (``datasets/<name>/<content_hash[:16]>/``), so an
 unchanged dataset is never uploaded twice and a trained model can say exactly which data it
 saw. Importable without torch and without Airflow. The file names and formats of both sides
-live in :mod:`trainer.contract`.
+live in :mod:`horovod_airflow.trainer.contract`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import (  # noqa: F401  (re-exported)
+from horovod_airflow.trainer.contract import (  # noqa: F401  (re-exported)
     CHECKPOINT_NAME,
     CURVES_NAME,
     DATASET_FORMAT,
@@ -45,10 +45,12 @@ from trainer.contract import (  # noqa: F401  (re-exported)
     SUMMARY_NAME,
     VERSION_MANIFEST_NAME,
 )
-from trainer.storage import sha256_file
+from horovod_airflow.trainer.storage import sha256_file
 
-# The file names and formats live in trainer.contract; these names are re-exported for the
-# callers of trainer.layout (new code imports them from trainer.contract).
+# The file names and formats live in horovod_airflow.trainer.contract; these names are re-exported
+# for the
+# callers of horovod_airflow.trainer.layout (new code imports them from
+# horovod_airflow.trainer.contract).
 FORMAT = DATASET_FORMAT
 SPLITS = ("train", "test")
 # The four files of an MNIST-format dataset, by (split, kind); the names torchvision uses.

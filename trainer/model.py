@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer import contract
+from horovod_airflow.trainer import contract
 
 if TYPE_CHECKING:
     from torch import nn
@@ -77,7 +77,7 @@ def mnist_bn() -> nn.Module:
     3.9 M multiply-adds per image and 45 k parameters, against the demo CNN's 12 M and 1.2 M;
     BatchNorm lets it train at a high learning rate, so one epoch is enough. Each rank's
     BatchNorm statistics are averaged over the ranks at the end of every epoch
-    (``trainer.train.average_buffers``).
+    (``horovod_airflow.trainer.train.average_buffers``).
     """
     import torch
     from torch import nn

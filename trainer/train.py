@@ -1,8 +1,9 @@
-"""The training loop of one Horovod rank: ``python -m trainer train`` (see ``trainer.cli``).
+"""The training loop of one Horovod rank: ``python -m horovod_airflow.trainer train`` (see
+``horovod_airflow.trainer.cli``).
 
 Launch (one process per GPU, or per CPU share)::
 
-    horovodrun -np 2 -H localhost:2 python -m trainer train \\
+    horovodrun -np 2 -H localhost:2 python -m horovod_airflow.trainer train \\
         --data s3://bucket/datasets/mnist/<hash16> --output s3://bucket/runs/<dag_id>/<run_id>
 
 Lines that make the job distributed are marked ``# Horovod:``. Rank 0 alone logs, checkpoints
@@ -23,11 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer import data, storage
-from trainer.config import ConfigError, TrainConfig, lr_at
-from trainer.contract import CHECKPOINT_FORMAT, CHECKPOINT_NAME, METRICS, METRICS_NAME
-from trainer.layout import DatasetError, DatasetIntegrityError
-from trainer.model import build_model
+from horovod_airflow.trainer import data, storage
+from horovod_airflow.trainer.config import ConfigError, TrainConfig, lr_at
+from horovod_airflow.trainer.contract import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    METRICS,
+    METRICS_NAME,
+)
+from horovod_airflow.trainer.layout import DatasetError, DatasetIntegrityError
+from horovod_airflow.trainer.model import build_model
 
 if TYPE_CHECKING:
     import torch
@@ -308,7 +314,8 @@ def batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The trainer's data path: batches of ``idx`` (in order) gathered from in-memory tensors.
 
-    ``x`` is already normalized float32 on the training device (``trainer.data.load_split``),
+    ``x`` is already normalized float32 on the training device
+    (``horovod_airflow.trainer.data.load_split``),
     so a batch is one ``index_select`` per tensor: no decoding, no per-sample transform, no
     worker processes. The last batch may be short.
     """
@@ -571,7 +578,7 @@ def read_resume_state(
 def versions() -> dict[str, str]:
     import torch
 
-    import trainer
+    from horovod_airflow import trainer
 
     out = {"torch": torch.__version__, "trainer": trainer.__version__}
     out["python"] = platform.python_version()

@@ -3,9 +3,10 @@
 The exported model says how to prepare its input and names its classes, in the contract's
 preprocessing document in its ONNX metadata, so serving needs nothing but the ONNX file and
 keeps no constant of its own: fetching and verifying a published model
-(:func:`operators.serving.open_published_model`: sha256 against the version manifest, the
+(:func:`horovod_airflow.operators.serving.open_published_model`: sha256 against the version
+manifest, the
 carried preprocessing equal to the manifest's) and predicting raw signals ``[N, length]``
-(:func:`operators.serving.predict`) are the project's, the same as for MNIST.
+(:func:`horovod_airflow.operators.serving.predict`) are the project's, the same as for MNIST.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from examples.waveforms.data import SERVING_SEED, generate, load_split
-from operators.model_registry import read_champion
-from operators.serving import model_preprocessing, open_published_model, predict
-from trainer import fileset, storage
-from trainer.contract import LATEST_NAME, ONNX_NAME
+from horovod_airflow.operators.model_registry import read_champion
+from horovod_airflow.operators.serving import model_preprocessing, open_published_model, predict
+from horovod_airflow.trainer import fileset, storage
+from horovod_airflow.trainer.contract import LATEST_NAME, ONNX_NAME
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,10 @@ def score_published_model(
 
     The gate's ``champion_scorer`` for this model (``examples.waveforms.serving:
     score_published_model``): same signature and result as
-    :func:`operators.serving.score_published_model`. A model or data it cannot read raises
-    ValueError (``trainer.contract.ContractError``, ``trainer.layout.DatasetError``), which
+    :func:`horovod_airflow.operators.serving.score_published_model`. A model or data it cannot read
+    raises
+    ValueError (``horovod_airflow.trainer.contract.ContractError``,
+    ``horovod_airflow.trainer.layout.DatasetError``), which
     the gate reports as its reason to refuse.
     """
     with tempfile.TemporaryDirectory(prefix="hva-wf-score-") as tmp:

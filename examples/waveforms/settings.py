@@ -1,6 +1,7 @@
 """The example's names and programs, read by its DAGs (torch-free, imported at DAG parse time).
 
-The bucket is the project's (``HVA_BUCKET``, :mod:`operators.settings`): the example publishes
+The bucket is the project's (``HVA_BUCKET``, :mod:`horovod_airflow.operators.settings`): the
+example publishes
 ``models/waveform_cnn/`` next to ``models/mnist_cnn/`` without touching it.
 """
 
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from operators.settings import BUCKET_URI
-from trainer.layout import LATEST_NAME
+from horovod_airflow.operators.settings import BUCKET_URI
+from horovod_airflow.trainer.layout import LATEST_NAME
 
 #: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
 DATASET_DIR = Path(__file__).resolve().parent / "dataset"

@@ -2,7 +2,8 @@
 
 A launcher gets a :class:`JobSpec` (the command, its environment, the credentials kept
 apart) and either returns a :class:`JobResult` for exit code 0 or raises a typed
-:mod:`operators.exceptions` error carrying the tail of the job's output. ``kill()`` stops
+:mod:`horovod_airflow.operators.exceptions` error carrying the tail of the job's output. ``kill()``
+stops
 whatever it started and is a no-op when nothing runs (Airflow may call it twice).
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators.command import redact
+from horovod_airflow.operators.command import redact
 
 LOG_TAIL_LINES = 100
 #: The label naming the job on what a launcher creates (container, MPIJob, pods, Secret).

@@ -20,9 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators.command import stash_secrets_script
-from operators.exceptions import HorovodLaunchError, HorovodTimeoutError, HorovodTrainingError
-from operators.launchers.base import (
+from horovod_airflow.operators.command import stash_secrets_script
+from horovod_airflow.operators.exceptions import (
+    HorovodLaunchError,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+)
+from horovod_airflow.operators.launchers.base import (
     JOB_LABEL,
     JobResult,
     JobSpec,
@@ -184,7 +188,7 @@ class DockerLauncher(Launcher):
 
     def container_command(self, spec: JobSpec) -> list[str]:
         """The container's command: horovodrun for ``localhost:N`` (or the one process)."""
-        from operators.command import Host, horovodrun_argv
+        from horovod_airflow.operators.command import Host, horovodrun_argv
 
         if not spec.distributed:
             return list(spec.argv)

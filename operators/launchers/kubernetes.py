@@ -9,8 +9,10 @@ The cluster client comes from the cncf-kubernetes provider's ``KubernetesHook``.
 never appear in the manifest: they go into a Kubernetes Secret (owned by the MPIJob, so it
 is garbage-collected with it) that is mounted as the private rank env file
 (``HVA_RANK_ENV_FILE``) in every pod; each rank sources it just before it starts (see
-``operators.command``). Waiting is done by polling here, or — with ``deferrable=True`` on
-the operator — by :class:`operators.triggers.MPIJobTrigger`, freeing the worker slot.
+``horovod_airflow.operators.command``). Waiting is done by polling here, or — with
+``deferrable=True`` on
+the operator — by :class:`horovod_airflow.operators.triggers.MPIJobTrigger`, freeing the worker
+slot.
 """
 
 from __future__ import annotations
@@ -26,9 +28,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from operators.command import RANK_ENV_FILE_VAR, Host, horovodrun_argv, rank_env_file_text
-from operators.exceptions import HorovodLaunchError, HorovodTimeoutError, HorovodTrainingError
-from operators.launchers.base import (
+from horovod_airflow.operators.command import (
+    RANK_ENV_FILE_VAR,
+    Host,
+    horovodrun_argv,
+    rank_env_file_text,
+)
+from horovod_airflow.operators.exceptions import (
+    HorovodLaunchError,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+)
+from horovod_airflow.operators.launchers.base import (
     JOB_LABEL,
     JobResult,
     JobSpec,
@@ -1172,7 +1183,8 @@ class KubernetesLauncher(Launcher):
         """Start the job of this task instance, or re-attach to the one an earlier try left
         running; return ``{"name", "namespace"}``.
 
-        The name is the same for every try (``operators.job.job_name``), so two jobs of one
+        The name is the same for every try (``horovod_airflow.operators.job.job_name``), so two
+        jobs of one
         task instance never write one output: a running one is waited for, not duplicated; a
         finished one (kept by ``cleanup``) is deleted before the new one is created; and a
         job that appears meanwhile (409 on create) is re-attached to.
@@ -1405,7 +1417,8 @@ class KubernetesLauncher(Launcher):
     ) -> dict[str, Any] | None:
         """One look at the job: the event that ends the wait, or None while it runs.
 
-        Shared by the polling loop (:meth:`run`) and :class:`operators.triggers.MPIJobTrigger`;
+        Shared by the polling loop (:meth:`run`) and
+        :class:`horovod_airflow.operators.triggers.MPIJobTrigger`;
         API errors propagate (the caller retries transient ones).
         """
         phase, message = self.status(ref)

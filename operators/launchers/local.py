@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from operators.command import (
+from horovod_airflow.operators.command import (
     HOROVODRUN,
     RANK_ENV_FILE_VAR,
     Host,
@@ -38,13 +38,19 @@ from operators.command import (
     parse_hosts,
     rank_env_file_text,
 )
-from operators.exceptions import (
+from horovod_airflow.operators.exceptions import (
     HorovodLaunchError,
     HorovodPreflightError,
     HorovodTimeoutError,
     HorovodTrainingError,
 )
-from operators.launchers.base import JobResult, JobSpec, Launcher, LogTail, describe_failure
+from horovod_airflow.operators.launchers.base import (
+    JobResult,
+    JobSpec,
+    Launcher,
+    LogTail,
+    describe_failure,
+)
 
 DEFAULT_KILL_GRACE_S = 15.0
 #: Set in the environment of every job process (not a secret): the clean-up finds by it the
@@ -386,7 +392,8 @@ class LocalLauncher(Launcher):
         secret_dir: str | None = None
         if spec.distributed:
             if spec.secret_env:
-                # Private file the ranks source (see operators.command): 0700 dir, 0600 file.
+                # Private file the ranks source (see horovod_airflow.operators.command): 0700 dir,
+                # 0600 file.
                 secret_dir = tempfile.mkdtemp(prefix="hva-rank-env-", dir=self.rank_env_dir)
                 path = Path(secret_dir) / "rank.env"
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

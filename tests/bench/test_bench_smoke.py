@@ -61,7 +61,7 @@ def test_torchvision_root_names_a_missing_file(tmp_path: Path) -> None:
 
 
 def test_staged_folder_verifies_with_the_trainer(tmp_path: Path) -> None:
-    from trainer import data
+    from horovod_airflow.trainer import data
 
     staged = stage_local_dataset(tmp_path / "staged")
     local = data.fetch_dataset(str(staged), cache_dir=str(tmp_path / "cache"))
@@ -207,7 +207,7 @@ def test_train_throughput_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_precision_quick(tmp_path: Path) -> None:
-    from trainer.train import cpu_has_bf16
+    from horovod_airflow.trainer.train import cpu_has_bf16
 
     precision.main(["--quick", "--results-dir", str(tmp_path)])
     markdown, data = _results(tmp_path, "precision_quick")
@@ -356,7 +356,7 @@ def test_profile_step_quick(tmp_path: Path) -> None:
 
 
 def test_training_flops_of_the_demo_cnn_by_hand() -> None:
-    from trainer.model import INPUT_SHAPE, build_model
+    from horovod_airflow.trainer.model import INPUT_SHAPE, build_model
 
     flops = profile_step.training_flops(build_model("mnist_cnn"), INPUT_SHAPE)
     conv1 = 2 * 32 * 26 * 26 * (1 * 3 * 3)  # forward FLOPs: outputs x MACs each x 2
@@ -368,7 +368,7 @@ def test_training_flops_of_the_demo_cnn_by_hand() -> None:
 
 
 def test_training_flops_of_mnist_bn_by_hand() -> None:
-    from trainer.model import INPUT_SHAPE, build_model
+    from horovod_airflow.trainer.model import INPUT_SHAPE, build_model
 
     flops = profile_step.training_flops(build_model("mnist_bn"), INPUT_SHAPE)
     # "same" padding, a 2x2 max-pool after each block: 28 -> 14 -> 7 -> 3

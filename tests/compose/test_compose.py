@@ -570,7 +570,7 @@ def test_the_trainer_reserves_nvidia_gpus(stack: dict[str, Any]) -> None:
     devices = trainer["deploy"]["resources"]["reservations"]["devices"]
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
     assert trainer["build"]["dockerfile"] == "docker/trainer.Dockerfile"
-    assert trainer["command"][:4] == ["python", "-m", "trainer", "doctor"]
+    assert trainer["command"][:4] == ["python", "-m", "horovod_airflow.trainer", "doctor"]
 
 
 def test_images_are_pinned_and_builds_point_at_files_that_exist(stack: dict[str, Any]) -> None:
@@ -712,6 +712,9 @@ def test_airflow_image_extends_the_locked_airflow_version() -> None:
     assert base == f"apache/airflow:{lock_version('apache-airflow')}-python3.11"
 
 
+PKG = "horovod_airflow"  # the import name trainer/ and operators/ are installed under
+
+
 def _trainer_imports(path: Path, *, top_level: bool = False) -> set[str]:
     """The ``trainer`` modules a file imports (``from trainer import x``, ``trainer.x``);
     with ``top_level``, only those imported when the module itself is imported."""
@@ -719,12 +722,14 @@ def _trainer_imports(path: Path, *, top_level: bool = False) -> set[str]:
     tree = ast.parse(path.read_text())
     for node in tree.body if top_level else ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "trainer":
+            if node.module == PKG + ".trainer":
                 found |= {a.name for a in node.names}
-            elif node.module.startswith("trainer."):
-                found.add(node.module.split(".")[1])
+            elif node.module.startswith(PKG + ".trainer."):
+                found.add(node.module.split(".")[2])
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("trainer.")}
+            found |= {
+                a.name.split(".")[2] for a in node.names if a.name.startswith(PKG + ".trainer.")
+            }
     return found
 
 
@@ -739,7 +744,8 @@ def test_airflow_image_holds_the_trainer_modules_the_operators_import() -> None:
     needed: dict[str, Path] = {}
     # The Airflow side's imports, lazy ones included (they run on the workers); then what those
     # trainer modules import when imported (a trainer module's lazy imports, such as
-    # trainer.config's of trainer.model to check a model name, are not the Airflow side's).
+    # horovod_airflow.trainer.config's of horovod_airflow.trainer.model to check a model name, are
+    # not the Airflow side's).
     todo = [(p, False) for p in (*_python_files("operators"), *_python_files("dags"))]
     while todo:
         path, top_level = todo.pop()
@@ -767,20 +773,24 @@ def test_airflow_image_holds_the_trainer_modules_the_operators_import() -> None:
 
 
 def test_airflow_image_puts_the_vendored_mnist_where_staging_looks() -> None:
+    """The packages sit under their import name on PYTHONPATH, and HVA_VENDORED_MNIST (which
+    operators/staging.py reads before its checkout default) names the copied MNIST."""
     steps = dockerfile_instructions(DOCKER_DIR / "airflow.Dockerfile")
     dest = {
         sources[0]: a.split()[-1]
         for _, k, a in steps
         if k == "COPY" and (sources := copy_sources(a)) and len(sources) == 1
     }
-    # operators/staging.py: VENDORED_MNIST = <parent of operators/>/data/mnist
-    repo_in_image = Path(dest["operators/"]).parent
-    assert Path(dest["data/mnist/"]) == repo_in_image / "data" / "mnist"
-    staging = REPO / "operators" / "staging.py"
-    if staging.is_file():
-        assert 'parents[1] / "data" / "mnist"' in staging.read_text()
+    package = Path(dest["operators/"]).parent
+    assert package.name == "horovod_airflow"
+    assert Path(dest["horovod_airflow/__init__.py"]) == package / "__init__.py"
     env = " ".join(a for _, k, a in steps if k == "ENV")
-    assert f"PYTHONPATH={repo_in_image}" in env
+    assert f"PYTHONPATH={package.parent}" in env
+    assert f"HVA_VENDORED_MNIST={dest['data/mnist/'].rstrip('/')}" in env
+    staging = (REPO / "operators" / "staging.py").read_text()
+    assert 'os.environ.get("HVA_VENDORED_MNIST", VENDORED_MNIST)' in staging
+    serving = (REPO / "operators" / "serving.py").read_text()
+    assert "VENDORED_MNIST" not in serving  # it asks staging's vendored_mnist(), env included
 
 
 def test_airflow_pins_come_from_the_lock(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ RETRAIN_DAG = REPO / "dags" / "mnist_horovod_retrain.py"
 
 #: Modules whose import means the DAG file does storage, registry or staging work itself.
 FORBIDDEN_MODULES = (
-    "operators.model_registry", "operators.staging", "operators.serving", "trainer",
-    "boto3", "botocore", "airflow.providers", "airflow.hooks",
+    "horovod_airflow.operators.model_registry", "horovod_airflow.operators.staging",
+    "horovod_airflow.operators.serving", "horovod_airflow.trainer", "boto3", "botocore",
+    "airflow.providers", "airflow.hooks",
 )  # fmt: skip
 #: What module-level code may call: the DAG's constants and its decorator, and the schema
 #: lookup of a trainer option (a declaration read from the trainer, not a decision).
@@ -71,7 +72,7 @@ def business_logic(source: str) -> list[str]:
             for module in modules:
                 if any(module == m or module.startswith(m + ".") for m in FORBIDDEN_MODULES):
                     found.append(f"line {node.lineno}: imports {module}")
-            if isinstance(node, ast.ImportFrom) and node.module == "operators":
+            if isinstance(node, ast.ImportFrom) and node.module == "horovod_airflow.operators":
                 operators |= {a.asname or a.name for a in node.names if a.name.endswith("Operator")}
             if isinstance(node, ast.ImportFrom) and node.module == "airflow.sdk":
                 for alias in node.names:
@@ -146,13 +147,13 @@ def test_the_retrain_dag_uses_the_pipeline_operators():
 # The shapes of logic the check must catch, each as a DAG file once held it.
 _TASK_BODY = """
     from airflow.sdk import dag, get_current_context, task
-    from operators import HorovodTrainOperator
+    from horovod_airflow.operators import HorovodTrainOperator
 
     @dag(schedule=None)
     def retrain():
         @task.short_circuit
         def gate(metrics):
-            from operators.model_registry import gate_challenger
+            from horovod_airflow.operators.model_registry import gate_challenger
 
             params = get_current_context()["params"]
             return gate_challenger(metrics=metrics, min_accuracy=params["min_accuracy"])
@@ -165,7 +166,7 @@ _TASK_BODY = """
 _HELPER = """
     from airflow.sdk import dag
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-    from operators import StageDatasetOperator
+    from horovod_airflow.operators import StageDatasetOperator
 
     def _s3_client():
         return S3Hook(aws_conn_id="aws_default").get_conn()
@@ -180,7 +181,7 @@ _HELPER = """
 _DECISION = """
     import os
     from airflow.sdk import dag
-    from operators import ModelGateOperator
+    from horovod_airflow.operators import ModelGateOperator
 
     @dag(schedule=None)
     def retrain():
@@ -197,7 +198,8 @@ _DECISION = """
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        (_TASK_BODY, ["imports operators.model_registry", "imports airflow.sdk.task",
+        (_TASK_BODY, ["imports horovod_airflow.operators.model_registry",
+                      "imports airflow.sdk.task",
                       "imports airflow.sdk.get_current_context", "FunctionDef in the DAG body"]),
         (_HELPER, ["imports airflow.providers.amazon.aws.hooks.s3",
                    "defines function _s3_client()"]),

@@ -49,9 +49,9 @@ def _hva_bucket_restored(monkeypatch: pytest.MonkeyPatch) -> None:
 def _load_dag(bucket: str, module: str = "dags.mnist_horovod_retrain"):
     """Import the DAG module fresh with HVA_BUCKET set (settings are read at import)."""
     os.environ["HVA_BUCKET"] = bucket
-    import operators.settings
+    import horovod_airflow.operators.settings
 
-    importlib.reload(operators.settings)
+    importlib.reload(horovod_airflow.operators.settings)
     mod = importlib.reload(importlib.import_module(module))
     return mod
 
@@ -235,7 +235,7 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
     onnx_bytes = _get(client, bucket, f"models/mnist_cnn/{version}/model.onnx")
     code = (
         "import sys, numpy as np, onnxruntime as ort\n"
-        "from operators.serving import load_test_images\n"
+        "from horovod_airflow.operators.serving import load_test_images\n"
         "s = ort.InferenceSession(sys.stdin.buffer.read())\n"
         "x, y = load_test_images(200)\n"
         "x = ((x.astype(np.float32) / 255 - 0.1307) / 0.3081)[:, None]\n"

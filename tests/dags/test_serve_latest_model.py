@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.trainer import layout
 from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
-from trainer import layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,8 +29,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Asset, task
 
-from operators.model_registry import asset_event_extra
-from operators.settings import LATEST_MODEL_ASSET_NAME, LATEST_MODEL_URI
+from horovod_airflow.operators.model_registry import asset_event_extra
+from horovod_airflow.operators.settings import LATEST_MODEL_ASSET_NAME, LATEST_MODEL_URI
 from tests.operators.helpers import publish_fake_model
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
@@ -67,9 +67,9 @@ def _bundles(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
 
 
 def _load(module: str, path: Path | None = None) -> Any:
-    import operators.settings
+    import horovod_airflow.operators.settings
 
-    importlib.reload(operators.settings)
+    importlib.reload(horovod_airflow.operators.settings)
     if path is None:
         return importlib.reload(importlib.import_module(module))
     spec = importlib.util.spec_from_file_location(module, path)
@@ -119,7 +119,7 @@ def test_serving_uses_the_triggering_event_then_latest_for_a_manual_run(
     prun = producer.test()
     assert prun.state == DagRunState.SUCCESS
     assert _xcom(prun, "publish") == "v-event"
-    settings = _load("operators.settings")
+    settings = _load("horovod_airflow.operators.settings")
     with create_session() as session:
         events = session.scalars(
             select(AssetEvent)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from operators import HorovodTrainingError, HorovodTrainOperator
-from operators.staging import stage_dataset
+from horovod_airflow.operators import HorovodTrainingError, HorovodTrainOperator
+from horovod_airflow.operators.staging import stage_dataset
 from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
 from tests.operators.helpers import TaskLog as OperatorTaskLog
 from tests.operators.helpers import context, with_launcher_options
@@ -117,7 +117,7 @@ def test_trainer_two_ranks_in_one_container_returns_metrics(
         podman_engine,
         staged["uri"],
         output,
-        entrypoint=("python", "-m", "trainer", "train"),
+        entrypoint=("python", "-m", "horovod_airflow.trainer", "train"),
         trainer_args={"epochs": 1, "max_train_samples": 1024, "max_val_samples": 256},
         cleanup="delete",
     )
@@ -212,7 +212,7 @@ def test_failing_trainer_surfaces_exit_code_and_output_tail(podman_engine, s3_se
         missing,
         f"s3://{bucket}/runs/failed",
         task_id="failing",
-        entrypoint=("python", "-m", "trainer", "train"),
+        entrypoint=("python", "-m", "horovod_airflow.trainer", "train"),
         trainer_args={"epochs": 1},
         cleanup="delete_on_success",  # the default keeps a failed container, but not this one
     )

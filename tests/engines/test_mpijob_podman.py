@@ -17,8 +17,8 @@ from unittest import mock
 
 import pytest
 
-from operators import HorovodTrainingError, HorovodTrainOperator
-from operators.staging import stage_dataset
+from horovod_airflow.operators import HorovodTrainingError, HorovodTrainOperator
+from horovod_airflow.operators.staging import stage_dataset
 from tests.engines.conftest import (
     MPIJOB_CONN_ID,
     TRAINER_IMAGE,
@@ -75,7 +75,9 @@ def execute(
     operator's launcher already has)."""
     if cluster is None:
         return op.execute(ctx or context())
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=cluster):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=cluster
+    ):
         return op.execute(ctx or context())
 
 
@@ -109,7 +111,7 @@ def test_two_worker_pods_train_like_one_pod_with_two_ranks(
     s3 = mpijob_network.s3
     bucket = s3.new_bucket("mpijob")
     staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3.client())
-    trainer = (*WHERE, "python", "-m", "trainer", "train")
+    trainer = (*WHERE, "python", "-m", "horovod_airflow.trainer", "train")
 
     # The single-host run: both ranks in one worker pod (slots_per_worker=2).
     single = execute(
@@ -206,7 +208,7 @@ def test_a_two_node_trainjob_trains_like_one_pod_with_two_ranks(
     s3 = mpijob_network.s3
     bucket = s3.new_bucket("trainjob")
     staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3.client())
-    trainer = (*WHERE, "python", "-m", "trainer", "train")
+    trainer = (*WHERE, "python", "-m", "horovod_airflow.trainer", "train")
 
     single = execute(
         k8s_op(
@@ -274,7 +276,8 @@ GATE = (
     "        sys.exit('hva-gate: never released')\n"
     "    time.sleep(0.5)\n"
     "    released = storage.exists(sys.argv[1])\n"
-    "os.execvp(sys.executable, [sys.executable, '-m', 'trainer', 'train', *sys.argv[2:]])\n"
+    "os.execvp(sys.executable,\n"
+    "          [sys.executable, '-m', 'horovod_airflow.trainer', 'train', *sys.argv[2:]])\n"
 )
 
 

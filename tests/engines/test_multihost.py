@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from operators import HorovodTrainingError, HorovodTrainOperator
-from operators.staging import stage_dataset
+from horovod_airflow.operators import HorovodTrainingError, HorovodTrainOperator
+from horovod_airflow.operators.staging import stage_dataset
 from tests.engines.conftest import (
     NETNS_CONN_ID,
     WHERE,
@@ -105,7 +105,7 @@ def test_one_rank_per_host_matches_a_single_host_run(
 ):
     bucket = netns_s3.new_bucket("multihost")
     staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=netns_s3.client())
-    trainer = (*WHERE, "python", "-m", "trainer", "train")
+    trainer = (*WHERE, "python", "-m", "horovod_airflow.trainer", "train")
 
     single = train_op(
         f"s3://{bucket}/runs/single",

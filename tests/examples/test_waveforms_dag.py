@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer import contract
+from horovod_airflow.trainer import contract
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = REPO / "examples" / "waveforms" / "dags"
@@ -49,9 +49,9 @@ def _deploy(bucket: str, module: str):
     from airflow.utils.session import create_session
 
     os.environ["HVA_BUCKET"] = bucket
-    import operators.settings
+    import horovod_airflow.operators.settings
 
-    importlib.reload(operators.settings)
+    importlib.reload(horovod_airflow.operators.settings)
     import examples.waveforms.settings
 
     importlib.reload(examples.waveforms.settings)
@@ -181,7 +181,7 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     #    champion with the example's scorer (onnxruntime on the staged test split), which
     #    reproduces the allreduced accuracy the training measured; without a scorer it refuses.
     from examples.waveforms.settings import CHAMPION_SCORER
-    from operators.model_registry import gate_challenger
+    from horovod_airflow.operators.model_registry import gate_challenger
 
     other = {"uri": wave_latest["dataset_uri"], "content_hash": "0" * 64}
     challenger = {"val_accuracy": 1.0, "output": f"s3://{bucket}/scratch/gate-check"}
@@ -267,7 +267,7 @@ def test_shipped_dataset_is_the_generator_output(tmp_path):
 def test_bad_example_data_and_preprocessing_are_refused_naming_what(tmp_path):
     from examples.waveforms import data
     from examples.waveforms.model import preprocessing_of
-    from trainer.layout import DatasetError
+    from horovod_airflow.trainer.layout import DatasetError
 
     paths = {p.name: p for p in data.write_dataset(tmp_path)}
     signals, _ = data.load_split(paths, "train")

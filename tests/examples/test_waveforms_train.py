@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from examples.waveforms.settings import DATASET_DIR, DATASET_FILES
-from operators.staging import stage_files
-from trainer import contract
+from horovod_airflow.operators.staging import stage_files
+from horovod_airflow.trainer import contract
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 
@@ -62,7 +62,7 @@ def test_two_ranks_write_exact_metrics_and_a_resume_continues_the_run(tmp_path):
 
 
 def test_data_that_is_not_a_file_set_is_refused_naming_the_format(tmp_path, mnist_subset):
-    from operators.staging import stage_dataset
+    from horovod_airflow.operators.staging import stage_dataset
 
     mnist = stage_dataset(str(mnist_subset), str(tmp_path / "bucket"), name="mnist")["uri"]
     proc = subprocess.run(

@@ -70,8 +70,8 @@ def linear_onnx_model(weights: Any, bias: Any, *, preprocessing: bool = True) ->
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from trainer import contract
-    from trainer.model import preprocessing as mnist_preprocessing
+    from horovod_airflow.trainer import contract
+    from horovod_airflow.trainer.model import preprocessing as mnist_preprocessing
 
     w = numpy_helper.from_array(np.asarray(weights, dtype=np.float32), "W")
     b = numpy_helper.from_array(np.asarray(bias, dtype=np.float32), "B")
@@ -99,8 +99,8 @@ def centroid_classifier(images: Any, labels: Any) -> tuple[Any, Any]:
     """Weights and bias of a nearest-centroid classifier (normalized pixels), as a Gemm."""
     import numpy as np
 
-    from trainer import contract
-    from trainer.model import preprocessing
+    from horovod_airflow.trainer import contract
+    from horovod_airflow.trainer.model import preprocessing
 
     x = contract.apply_preprocessing(preprocessing(), images).reshape(len(images), -1)
     centroids = np.stack([x[labels == c].mean(axis=0) for c in range(10)])
@@ -119,7 +119,7 @@ def publish_fake_model(
     dag_run_id: str,
 ) -> dict[str, Any]:
     """A run's artifacts around a real ONNX file, published through the real registry."""
-    from operators.model_registry import decide_gate, publish_model, read_latest
+    from horovod_airflow.operators.model_registry import decide_gate, publish_model, read_latest
 
     run = f"s3://{bucket}/runs/fake/{version}"
     put_run_artifacts(s3, run, accuracy=accuracy, onnx_bytes=onnx_bytes)
@@ -188,9 +188,9 @@ def put_run_artifacts(
 
     Returns the XComs of the train and export tasks, as those operators return them.
     """
-    from trainer import storage
-    from trainer.contract import METRICS, PARITY
-    from trainer.model import preprocessing
+    from horovod_airflow.trainer import storage
+    from horovod_airflow.trainer.contract import METRICS, PARITY
+    from horovod_airflow.trainer.model import preprocessing
 
     storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)
     history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
@@ -214,7 +214,7 @@ def with_launcher_options(kw: dict[str, Any]) -> dict[str, Any]:
     KubernetesOptions(namespace="ml")``); one both launchers have goes to ``kw["launcher"]``'s."""
     import dataclasses
 
-    from operators.job import LAUNCHER_OPTIONS
+    from horovod_airflow.operators.job import LAUNCHER_OPTIONS
 
     out = dict(kw)
     grouped: dict[str, dict[str, Any]] = {}

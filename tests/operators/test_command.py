@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from operators.command import (
+from horovod_airflow.operators.command import (
     RANK_ENV_FILE_VAR,
     RANK_ENV_UNREADABLE_EXIT,
     RANK_ENV_WRAPPER,
@@ -30,7 +30,7 @@ from operators.command import (
 
 def test_full_horovodrun_command_shape():
     program = program_argv(
-        ("python", "-m", "trainer", "train"),
+        ("python", "-m", "horovod_airflow.trainer", "train"),
         data="s3://b/datasets/mnist/abc",
         output="s3://b/runs/x",
         extra=trainer_args_to_argv({"epochs": 2}),
@@ -60,7 +60,7 @@ def test_full_horovodrun_command_shape():
         *RANK_ENV_WRAPPER,
         "python",
         "-m",
-        "trainer",
+        "horovod_airflow.trainer",
         "train",
         "--data",
         "s3://b/datasets/mnist/abc",
@@ -129,8 +129,14 @@ def test_trainer_args_keys_are_checked_against_the_trainers_options():
         trainer_args_to_argv({"epochs": 1, "epoch": 2}, TRAINER_ENTRYPOINT)
     assert "'data'" not in str(e.value) and "max_train_samples" in str(e.value)
     with pytest.raises(ValueError, match="'output' is set by the operator itself"):
-        trainer_args_to_argv({"output": "s3://b/x"}, ("python3", "-m", "trainer", "train"))
-    for other in (("python", "my_train.py"), ("python", "-m", "trainer", "export"), None):
+        trainer_args_to_argv(
+            {"output": "s3://b/x"}, ("python3", "-m", "horovod_airflow.trainer", "train")
+        )
+    for other in (
+        ("python", "my_train.py"),
+        ("python", "-m", "horovod_airflow.trainer", "export"),
+        None,
+    ):
         assert trainer_args_to_argv({"epoch": 2}, other) == ["--epoch", "2"]
 
 
@@ -161,12 +167,12 @@ def test_bad_hosts_are_named(hosts, message):
 
 
 def test_doctor_and_trainer_detection():
-    assert is_our_trainer(("python", "-m", "trainer", "train"))
+    assert is_our_trainer(("python", "-m", "horovod_airflow.trainer", "train"))
     assert not is_our_trainer(("python", "-m", "tests.programs.allreduce_program"))
-    assert doctor_argv(("python3", "-m", "trainer", "train"), 4, 1) == [
+    assert doctor_argv(("python3", "-m", "horovod_airflow.trainer", "train"), 4, 1) == [
         "python3",
         "-m",
-        "trainer",
+        "horovod_airflow.trainer",
         "doctor",
         "--np",
         "4",
@@ -272,8 +278,8 @@ def test_redact():
 
 
 def test_failure_message_names_the_rank_and_its_host():
-    from operators.command import Host
-    from operators.launchers.base import describe_failure
+    from horovod_airflow.operators.command import Host
+    from horovod_airflow.operators.launchers.base import describe_failure
 
     lines = [
         "[0]<stdout>:ok",

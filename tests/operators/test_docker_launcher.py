@@ -15,10 +15,14 @@ from unittest import mock
 import pytest
 import requests
 
-from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
-from operators.command import RANK_ENV_WRAPPER
-from operators.launchers.base import JobSpec
-from operators.launchers.docker import DockerLauncher, DockerOptions, split_mounts
+from horovod_airflow.operators import (
+    HorovodTimeoutError,
+    HorovodTrainingError,
+    HorovodTrainOperator,
+)
+from horovod_airflow.operators.command import RANK_ENV_WRAPPER
+from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions, split_mounts
 from tests.operators.helpers import PROGRAM, LineLog, context
 
 SECRET = "docker-test-secret-value"
@@ -287,7 +291,7 @@ def test_on_kill_stops_the_running_container_and_is_idempotent():
 def test_operator_uses_docker_hook_with_injectable_url(s3_server):
     """The operator builds the client through the provider's DockerHook (patched where it is
     imported), with docker_url / docker_conn_id passed through, and reads metrics after."""
-    from trainer.contract import METRICS
+    from horovod_airflow.trainer.contract import METRICS
 
     client = FakeDockerClient([b"[0]<stdout>:done\n"], {"StatusCode": 0})
     bucket = s3_server.new_bucket()
@@ -304,7 +308,7 @@ def test_operator_uses_docker_hook_with_injectable_url(s3_server):
         output=f"s3://{bucket}/out",
         docker=DockerOptions(docker_url="unix:///run/podman/podman.sock", docker_conn_id=None),
     )
-    with mock.patch("operators.launchers.docker.DockerHook") as hook_cls:
+    with mock.patch("horovod_airflow.operators.launchers.docker.DockerHook") as hook_cls:
         hook_cls.return_value.get_conn.return_value = client
         result = op.execute(context())
     hook_cls.assert_called_once_with(docker_conn_id=None, base_url="unix:///run/podman/podman.sock")
@@ -347,7 +351,7 @@ def test_force_pull_pulls_an_image_the_engine_has():
 
 
 def test_a_failed_pull_names_the_image_and_creates_nothing():
-    from operators import HorovodLaunchError
+    from horovod_airflow.operators import HorovodLaunchError
 
     client = FakeDockerClient([b"ok\n"], {"StatusCode": 0})
     client.images = set()
@@ -368,7 +372,7 @@ def test_a_failed_pull_names_the_image_and_creates_nothing():
     ],
 )
 def test_split_image(image, expected):
-    from operators.launchers.docker import split_image
+    from horovod_airflow.operators.launchers.docker import split_image
 
     assert split_image(image) == expected
 

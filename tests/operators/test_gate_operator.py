@@ -8,10 +8,10 @@ import uuid
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from operators import HorovodConfigError, ModelGateOperator
+from horovod_airflow.operators import HorovodConfigError, ModelGateOperator
+from horovod_airflow.trainer import storage
+from horovod_airflow.trainer.contract import GATE, LATEST
 from tests.operators.helpers import dag_in_bundle, undocumented_template_fields
-from trainer import storage
-from trainer.contract import GATE, LATEST
 
 DATASET = {"uri": "s3://data/datasets/mnist/abc", "content_hash": "abc"}
 
@@ -99,7 +99,7 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG, Param, task
 
-from operators import ModelGateOperator
+from horovod_airflow.operators import ModelGateOperator
 
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC),
          params={{"floor": Param(0.5, type="number")}}) as dag:

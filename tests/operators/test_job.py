@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from operators.job import job_labels, job_name
+from horovod_airflow.operators.job import job_labels, job_name
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_job_labels_are_label_safe_and_keep_the_try(run_id, task_id):
 
 # --- launcher options: every one reaches its launcher, overrides merge, one timeout ------------
 def _train(**kw: Any) -> Any:
-    from operators import HorovodTrainOperator
+    from horovod_airflow.operators import HorovodTrainOperator
     from tests.operators.helpers import PROGRAM
 
     base = {"task_id": "train", "data": "s3://b/d", "output": "s3://b/o", "num_proc": 4,
@@ -94,7 +94,7 @@ LOCAL_PROBES: dict[str, tuple[Any, Callable[[Any, list[str]], bool]]] = {
 
 
 def test_every_local_option_reaches_the_launcher_or_horovodrun():
-    from operators.launchers.local import LocalOptions
+    from horovod_airflow.operators.launchers.local import LocalOptions
     from tests.operators.helpers import context
 
     assert set(LOCAL_PROBES) == _fields(LocalOptions), "a LocalOptions field without a probe"
@@ -126,7 +126,7 @@ DOCKER_PROBES: dict[str, tuple[Any, Callable[[Any, dict[str, Any]], bool]]] = {
 
 
 def test_every_docker_option_reaches_the_container_spec():
-    from operators.launchers.docker import DockerOptions
+    from horovod_airflow.operators.launchers.docker import DockerOptions
     from tests.operators.helpers import context
     from tests.operators.test_docker_launcher import FakeDockerClient
 
@@ -202,7 +202,7 @@ MPIJOB_ONLY = {"mpijob_overrides"}
 
 @pytest.mark.parametrize(("api", "unused"), [("mpijob", TRAINJOB_ONLY), ("trainjob", MPIJOB_ONLY)])
 def test_every_kubernetes_option_reaches_the_job(api, unused):
-    from operators.launchers.kubernetes import KubernetesOptions
+    from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
     from tests.operators.helpers import context
     from tests.operators.test_kubernetes_launcher import FakeHook
 
@@ -224,8 +224,8 @@ def test_every_kubernetes_option_reaches_the_job(api, unused):
 
 
 def test_docker_overrides_merge_over_the_spec_and_owned_keys_are_refused():
-    from operators.launchers.base import JobSpec
-    from operators.launchers.docker import DockerLauncher, DockerOptions
+    from horovod_airflow.operators.launchers.base import JobSpec
+    from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions
     from tests.operators.test_docker_launcher import FakeDockerClient
 
     options = DockerOptions(
@@ -256,7 +256,7 @@ def test_docker_overrides_merge_over_the_spec_and_owned_keys_are_refused():
 
 
 def test_mpijob_overrides_deep_merge_by_name_and_owned_paths_are_refused():
-    from operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
+    from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
     from tests.operators.test_kubernetes_launcher import FakeHook, spec
 
     worker_pod = {
@@ -297,7 +297,7 @@ def test_mpijob_overrides_deep_merge_by_name_and_owned_paths_are_refused():
 
 
 def test_horovodrun_args_reach_horovodrun_and_owned_flags_are_refused():
-    from operators.launchers.local import LocalOptions
+    from horovod_airflow.operators.launchers.local import LocalOptions
     from tests.operators.helpers import context
 
     op = _train(local=LocalOptions(horovodrun_args=["--timeline-filename", "/tmp/t.json"]))
@@ -321,7 +321,7 @@ def test_the_launchers_deadline_comes_from_execution_timeout(limit, deadline):
 
 
 def test_no_time_left_fails_before_launching():
-    from operators import HorovodTimeoutError
+    from horovod_airflow.operators import HorovodTimeoutError
 
     op = _train(execution_timeout=timedelta(seconds=10))
     op._clock = time.monotonic() - 9.5
@@ -336,7 +336,7 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
 
     from airflow.exceptions import TaskDeferred
 
-    from operators.launchers.kubernetes import KubernetesOptions
+    from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
     from tests.operators.helpers import context
     from tests.operators.test_kubernetes_launcher import RUNNING, FakeHook
 
@@ -347,7 +347,9 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
         kubernetes=KubernetesOptions(namespace="ml", deferrable=True),
     )
     hook = FakeHook([RUNNING])
-    patched = mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook)
+    patched = mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    )
     with patched, pytest.raises(TaskDeferred) as deferred:
         op.execute(context())
     trigger = deferred.value.trigger
@@ -357,8 +359,8 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
 
 
 def test_the_dag_shares_one_settings_object_for_train_and_export():
-    from operators.launchers.docker import DockerOptions
-    from operators.settings import TRAINER_JOB
+    from horovod_airflow.operators.launchers.docker import DockerOptions
+    from horovod_airflow.operators.settings import TRAINER_JOB
 
     assert isinstance(TRAINER_JOB["docker"], DockerOptions)
     source = (Path(__file__).resolve().parents[2] / "dags" / "mnist_horovod_retrain.py").read_text()

@@ -17,15 +17,15 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
-from operators import (
+from horovod_airflow.operators import (
     HorovodExportOperator,
     HorovodTimeoutError,
     HorovodTrainingError,
     HorovodTrainOperator,
 )
-from operators.command import RANK_ENV_WRAPPER
-from operators.launchers.base import JobSpec
-from operators.launchers.kubernetes import (
+from horovod_airflow.operators.command import RANK_ENV_WRAPPER
+from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.operators.launchers.kubernetes import (
     SSH_AUTH_MOUNT_PATH,
     TRAINER_GID,
     TRAINER_HOME,
@@ -40,11 +40,11 @@ from operators.launchers.kubernetes import (
     mpijob_phase,
     pod_start_failure,
 )
-from operators.triggers import MPIJobTrigger
+from horovod_airflow.operators.triggers import MPIJobTrigger
+from horovod_airflow.trainer.contract import METRICS, PARITY
+from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import PROGRAM, LineLog, context, with_launcher_options
 from tests.operators.mpijob_schema import mpijob_errors
-from trainer.contract import METRICS, PARITY
-from trainer.model import preprocessing
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
@@ -440,7 +440,7 @@ def test_the_failed_pod_is_left_unnamed_when_the_job_cannot_be_read():
 
 
 def test_a_failed_create_leaves_no_secret_behind():
-    from operators import HorovodLaunchError
+    from horovod_airflow.operators import HorovodLaunchError
 
     hook = FakeHook([RUNNING])
 
@@ -484,7 +484,7 @@ def test_trigger_serialize_round_trip():
         startup_timeout=120,
     )
     path, kwargs = trig.serialize()
-    assert path == "operators.triggers.MPIJobTrigger"
+    assert path == "horovod_airflow.operators.triggers.MPIJobTrigger"
     json.dumps(kwargs)  # JSON-able
     module, _, name = path.rpartition(".")
     cls = getattr(__import__(module, fromlist=[name]), name)
@@ -507,7 +507,9 @@ def test_trigger_run_yields_exactly_one_event(phases, timeout, status):
     hook = FakeHook(phases)
     hook.objects["j"] = {}
     trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01, timeout=timeout)
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         events = asyncio.run(_events(trig))
     assert len(events) == 1
     assert events[0].payload["status"] == status
@@ -517,7 +519,9 @@ def test_trigger_run_yields_exactly_one_event(phases, timeout, status):
 def test_trigger_reports_api_errors_as_one_event():
     hook = FakeHook([RUNNING])  # no object "j" → 404
     trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01)
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         events = asyncio.run(_events(trig))
     assert [e.payload["status"] for e in events] == ["error"]
 
@@ -549,7 +553,9 @@ def test_triggerer_deletes_the_job_only_when_a_user_kills_the_task(
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         asyncio.run(scenario())
     assert hook.deleted == deleted
     assert hook.core_v1_client.deleted == [f"{n}-rank-env" for n in deleted]
@@ -574,7 +580,9 @@ def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
         kubernetes=KubernetesOptions(slots_per_worker=2, deferrable=True, namespace="ml"),
     )
     hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:trained")
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         trigger = deferred.value.trigger
@@ -624,7 +632,9 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     bucket = s3_server.new_bucket()
     put_parity(s3_server, bucket)
     hook = FakeHook([RUNNING, SUCCEEDED], log_text="[0]<stdout>:exported")
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         result = export_op(bucket).execute(context())
 
     assert result["passed"] is True and result["max_abs_diff"] == 7.6e-6
@@ -653,7 +663,7 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     assert worker["command"] == list(WORKER_COMMAND)  # an sshd the launcher can reach
     assert body["spec"]["sshAuthMountPath"] == SSH_AUTH_MOUNT_PATH
     program = command[10 + len(RANK_ENV_WRAPPER) :]
-    assert program[:3] == ["python", "-m", "trainer"] and program[3] == "export"
+    assert program[:3] == ["python", "-m", "horovod_airflow.trainer"] and program[3] == "export"
     assert program[program.index("--checkpoint") + 1] == f"s3://{bucket}/out/checkpoint.pt"
     # Credentials reach the rank through the Secret, never the manifest.
     s3_secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
@@ -666,7 +676,9 @@ def test_deferrable_export_defers_then_reads_parity(s3_server):
     put_parity(s3_server, bucket, passed=False)
     op = export_op(bucket, deferrable=True)
     hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:exported")
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         assert deferred.value.method_name == "execute_complete"
@@ -708,7 +720,9 @@ def k8s_train_op(**kw: Any) -> HorovodTrainOperator:
 def test_pod_settings_reach_both_pod_templates_from_the_operator():
     op = k8s_train_op(**POD_OPTIONS)
     job, _ = op.build_spec(context())
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=FakeHook([])):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=FakeHook([])
+    ):
         body = op.make_launcher().manifest(job)  # type: ignore[attr-defined]
     replicas = body["spec"]["mpiReplicaSpecs"]
     for role in ("Launcher", "Worker"):
@@ -807,8 +821,8 @@ def test_kubernetes_options_with_another_literal_launcher_are_refused(launcher):
 def test_a_templated_launcher_uses_the_options_of_the_one_it_renders_to():
     """The DAG's case: the launcher comes from a Param, so the options of several launchers
     stand side by side; after rendering, the chosen one's reach its launcher."""
-    from operators import HorovodConfigError
-    from operators.launchers.docker import DockerLauncher, DockerOptions
+    from horovod_airflow.operators import HorovodConfigError
+    from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions
 
     docker = DockerOptions(network_mode="stack")
     op = k8s_train_op(
@@ -838,7 +852,7 @@ def test_a_templated_launcher_uses_the_options_of_the_one_it_renders_to():
 def test_horovodrun_ssh_settings_are_refused_on_kubernetes(kwargs):
     """The MPIJob's ssh is the image's sshd and the operator's key: a port or key given here
     would be ignored."""
-    from operators.launchers.local import LocalOptions
+    from horovod_airflow.operators.launchers.local import LocalOptions
 
     expected = "local=LocalOptions(...) is for launcher='local', and launcher is 'kubernetes'"
     with pytest.raises(ValueError, match=re.escape(expected)):
@@ -902,13 +916,13 @@ def test_a_retry_that_finds_the_job_being_deleted_waits_until_gone_then_starts_i
 
 
 def test_a_job_of_an_earlier_try_that_never_goes_away_fails_the_launch():
-    from operators import HorovodLaunchError
+    from horovod_airflow.operators import HorovodLaunchError
 
     hook = FakeHook([left_by_try_1(FAILED)])
     hook.objects["hvd-train-1234"] = {}
     hook.linger = 10**6
     with (
-        mock.patch("operators.launchers.kubernetes.DELETE_WAIT_S", 0.05),
+        mock.patch("horovod_airflow.operators.launchers.kubernetes.DELETE_WAIT_S", 0.05),
         pytest.raises(HorovodLaunchError, match="still being deleted after 0s; this try does"),
     ):
         launcher(hook).submit(spec(), LineLog())
@@ -934,7 +948,7 @@ def test_a_409_on_create_reattaches_to_the_job_that_appeared():
 
 @pytest.mark.parametrize("status", [403, 500])
 def test_a_failed_look_up_starts_nothing(status):
-    from operators import HorovodLaunchError
+    from horovod_airflow.operators import HorovodLaunchError
 
     hook = FakeHook([RUNNING])
 
@@ -972,7 +986,9 @@ def test_labels_of_the_task_instance_are_on_the_job_its_pods_and_its_secret(tmp_
     first, _ = op.build_spec({**ctx, "ti": SimpleNamespace(try_number=1, map_index=-1)})
     assert job.name == first.name  # one name for every try
     hook = FakeHook([RUNNING])
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         launcher = op.make_launcher()
         launcher.submit(job, LineLog())  # type: ignore[attr-defined]
     body = hook.created[job.name]
@@ -998,7 +1014,9 @@ def test_a_deferrable_retry_while_the_job_runs_defers_on_it_without_a_second_job
     hook = FakeHook([left_by_try_1(RUNNING)])
     hook.objects[name] = {"metadata": {"name": name}}
     with (
-        mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook),
+        mock.patch(
+            "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+        ),
         pytest.raises(TaskDeferred) as deferred,
     ):
         op.execute(context(try_number=2))
@@ -1071,7 +1089,9 @@ def test_the_trigger_retries_transient_api_errors_with_backoff(answers, status, 
     hook.objects["j"] = {}
     trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.001, api_retries=3,
                          api_backoff=0.001)  # fmt: skip
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         events = asyncio.run(_events(trig))
     assert [e.payload["status"] for e in events] == [status]
     assert hook.gets == looks
@@ -1080,7 +1100,7 @@ def test_the_trigger_retries_transient_api_errors_with_backoff(answers, status, 
 
 def test_the_polling_launcher_rides_out_transient_errors_and_keeps_an_unknown_job():
     hook = FakeHook([ApiException(status=502), unreachable(), RUNNING, SUCCEEDED])
-    with mock.patch("operators.launchers.kubernetes.API_BACKOFF_S", 0.001):
+    with mock.patch("horovod_airflow.operators.launchers.kubernetes.API_BACKOFF_S", 0.001):
         assert launcher(hook).run(spec(), LineLog()).exit_code == 0
     assert hook.gets == 4
 
@@ -1155,7 +1175,7 @@ def test_start_failures_name_the_pod_and_the_reason(
 def test_a_job_that_cannot_start_fails_the_task_fast_and_is_deleted(
     listings, startup_timeout, message
 ):
-    from operators import HorovodLaunchError
+    from horovod_airflow.operators import HorovodLaunchError
 
     hook = FakeHook([RUNNING])
     hook.core_v1_client.pods = listings
@@ -1175,12 +1195,14 @@ def test_once_the_launcher_runs_pods_are_no_longer_listed():
 
 
 def test_the_deferred_task_fails_fast_on_a_start_failure_and_deletes_the_job(tmp_path):
-    from operators import HorovodLaunchError
+    from horovod_airflow.operators import HorovodLaunchError
 
     op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"), startup_timeout=300)
     hook = FakeHook([RUNNING])
     hook.core_v1_client.pods = [[pod(W0, "Pending", waiting=PULL)]]
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         trigger = deferred.value.trigger
@@ -1195,7 +1217,7 @@ def test_the_deferred_task_fails_fast_on_a_start_failure_and_deletes_the_job(tmp
 
 def manifests() -> dict[str, dict[str, Any]]:
     """Every shape of MPIJob the launcher builds."""
-    from operators.job import job_labels
+    from horovod_airflow.operators.job import job_labels
 
     labels = job_labels("mnist_horovod_retrain", "train", "manual__2026-12-04T18:49:33+00:00", 2)
     return {
@@ -1335,7 +1357,7 @@ def test_the_launcher_log_is_followed_into_the_task_log_while_the_job_runs():
 
 
 def test_a_follow_stream_that_never_ends_is_cut_at_the_end_of_the_job(monkeypatch):
-    monkeypatch.setattr("operators.launchers.kubernetes.LOG_DRAIN_S", 0.2)
+    monkeypatch.setattr("horovod_airflow.operators.launchers.kubernetes.LOG_DRAIN_S", 0.2)
     log = LineLog()
 
     class Endless(FakeCore):
@@ -1360,7 +1382,7 @@ def test_a_follow_stream_that_never_ends_is_cut_at_the_end_of_the_job(monkeypatc
 
 
 def test_log_timestamps_compare_by_time_not_by_text():
-    from operators.launchers.kubernetes import log_timestamp
+    from horovod_airflow.operators.launchers.kubernetes import log_timestamp
 
     earlier = log_timestamp("2026-12-04T10:00:05.1Z")
     later = log_timestamp("2026-12-04T10:00:05.12Z")

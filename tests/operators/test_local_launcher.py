@@ -11,8 +11,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from operators import HorovodTimeoutError, HorovodTrainingError, HorovodTrainOperator
-from operators.launchers.local import LocalOptions
+from horovod_airflow.operators import (
+    HorovodTimeoutError,
+    HorovodTrainingError,
+    HorovodTrainOperator,
+)
+from horovod_airflow.operators.launchers.local import LocalOptions
 from tests.operators.helpers import PROGRAM, TaskLog, context, put_eval_set, with_launcher_options
 
 pytestmark = pytest.mark.usefixtures("s3_server")
@@ -248,8 +252,8 @@ def test_processes_reparented_away_from_a_dead_launch_are_killed(tmp_path):
     does not wait for it although it holds the output pipe."""
     import logging
 
-    from operators.launchers.base import JobSpec
-    from operators.launchers.local import LocalLauncher
+    from horovod_airflow.operators.launchers.base import JobSpec
+    from horovod_airflow.operators.launchers.local import LocalLauncher
 
     pid_file = tmp_path / "orphan.pid"
     script = tmp_path / "launch.sh"

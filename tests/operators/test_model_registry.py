@@ -9,8 +9,8 @@ import re
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from operators.exceptions import ChampionChangedError, PublishRefusedError
-from operators.model_registry import (
+from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
+from horovod_airflow.operators.model_registry import (
     decide_gate,
     publish_model,
     read_champion,
@@ -20,9 +20,9 @@ from operators.model_registry import (
     safe_key,
     write_latest,
 )
-from trainer import contract, storage
-from trainer.contract import LATEST, METRICS, PARITY, ContractError
-from trainer.model import preprocessing
+from horovod_airflow.trainer import contract, storage
+from horovod_airflow.trainer.contract import LATEST, METRICS, PARITY, ContractError
+from horovod_airflow.trainer.model import preprocessing
 
 HISTORY = [
     {"epoch": 1, "train_loss": 0.40, "val_loss": 0.10, "val_accuracy": 0.970,

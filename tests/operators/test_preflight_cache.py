@@ -1,7 +1,8 @@
 """The local launcher remembers a doctor pass, keyed by what the doctor would find.
 
 A fake interpreter stands in for python: it answers the fingerprint script (``-c``) from a
-file the test can change and counts how often the doctor itself (``-m trainer doctor``) ran.
+file the test can change and counts how often the doctor itself (``-m horovod_airflow.trainer
+doctor``) ran.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from operators.exceptions import HorovodPreflightError
-from operators.launchers.base import JobSpec
-from operators.launchers.local import PREFLIGHT_CACHE_VAR, LocalLauncher
+from horovod_airflow.operators.exceptions import HorovodPreflightError
+from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.operators.launchers.local import PREFLIGHT_CACHE_VAR, LocalLauncher
 
 FAKE_PYTHON = """#!/bin/sh
 dir=$(dirname "$0")
@@ -47,7 +48,7 @@ def _preflight(fake: Path, env: dict[str, str] | None = None) -> None:
         argv=["horovodrun"],
         env=env or {},
         num_proc=1,
-        preflight_argv=[str(fake), "-m", "trainer", "doctor", "--np", "1"],
+        preflight_argv=[str(fake), "-m", "horovod_airflow.trainer", "doctor", "--np", "1"],
     )
     LocalLauncher().preflight(spec, logging.getLogger("test"))
 
@@ -112,7 +113,7 @@ def _verified_launch(tmp_path: Path, doctor_lines: list[str], shebang: str | Non
         argv=["horovodrun", *flags, "-np", "2", "-H", "localhost:2", "prog"],
         env=env,
         num_proc=2,
-        preflight_argv=["python", "-m", "trainer", "doctor", "--np", "2"],
+        preflight_argv=["python", "-m", "horovod_airflow.trainer", "doctor", "--np", "2"],
         controller=controller,
     )
     launcher = LocalLauncher()
@@ -164,7 +165,7 @@ def test_the_real_doctor_and_horovodrun_start_two_ranks_without_the_probe(tmp_pa
     """The real doctor, then 2 real ranks through horovodrun's entry point without its probe."""
     import sys
 
-    from operators.command import Host, horovodrun_argv
+    from horovod_airflow.operators.command import Host, horovodrun_argv
 
     monkeypatch.setenv(PREFLIGHT_CACHE_VAR, str(tmp_path / "cache"))
     program = [sys.executable, "-c", "import horovod.torch as hvd; hvd.init(); "
@@ -173,7 +174,7 @@ def test_the_real_doctor_and_horovodrun_start_two_ranks_without_the_probe(tmp_pa
         name="t",
         argv=horovodrun_argv(program, num_proc=2, hosts=[Host("localhost", 2)]),
         num_proc=2,
-        preflight_argv=[sys.executable, "-m", "trainer", "doctor", "--np", "2"],
+        preflight_argv=[sys.executable, "-m", "horovod_airflow.trainer", "doctor", "--np", "2"],
     )
     log = _Log()
     launcher = LocalLauncher()

@@ -7,14 +7,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from operators import (
+from horovod_airflow.operators import (
     ChampionChangedError,
     HorovodConfigError,
     ModelGateOperator,
     PublishModelOperator,
     PublishRefusedError,
 )
-from operators.model_registry import run_version
+from horovod_airflow.operators.model_registry import run_version
 from tests.operators.helpers import put_run_artifacts, undocumented_template_fields
 
 DATASET = {"uri": "s3://data/datasets/mnist/abc", "content_hash": "abc"}

@@ -7,17 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from operators.model_registry import gate_challenger, read_latest
-from operators.serving import (
+from horovod_airflow.operators.model_registry import gate_challenger, read_latest
+from horovod_airflow.operators.serving import (
     ModelIntegrityError,
     published_from_events,
     score_published_model,
     smoke_test_published_model,
 )
-from operators.staging import stage_dataset
+from horovod_airflow.operators.staging import stage_dataset
+from horovod_airflow.trainer import layout, storage
+from horovod_airflow.trainer.contract import GATE, PREPROCESSING_KEY, ContractError
 from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
-from trainer import layout, storage
-from trainer.contract import GATE, PREPROCESSING_KEY, ContractError
 
 
 @pytest.fixture

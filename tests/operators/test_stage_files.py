@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from operators import HorovodConfigError, ModelGateOperator, StageDatasetOperator
-from operators.model_registry import gate_challenger, resolve_champion_scorer
-from operators.staging import stage_files
+from horovod_airflow.operators import HorovodConfigError, ModelGateOperator, StageDatasetOperator
+from horovod_airflow.operators.model_registry import gate_challenger, resolve_champion_scorer
+from horovod_airflow.operators.staging import stage_files
+from horovod_airflow.trainer import fileset, storage
+from horovod_airflow.trainer.layout import DatasetError, DatasetIntegrityError
 from tests.operators.helpers import publish_fake_model
-from trainer import fileset, storage
-from trainer.layout import DatasetError, DatasetIntegrityError
 
 
 def _folder(tmp_path: Path) -> Path:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from operators import StageDatasetOperator
-from operators.staging import stage_dataset
+from horovod_airflow.operators import StageDatasetOperator
+from horovod_airflow.operators.staging import stage_dataset
+from horovod_airflow.trainer import layout
 from tests.operators.helpers import undocumented_template_fields
-from trainer import layout
 
 
 def stage_op(**kwargs) -> StageDatasetOperator:

@@ -12,7 +12,7 @@ import pytest
 from airflow.exceptions import AirflowException
 from airflow.sdk.exceptions import AirflowFailException
 
-from operators import (
+from horovod_airflow.operators import (
     HorovodConfigError,
     HorovodExportOperator,
     HorovodLaunchError,
@@ -23,11 +23,11 @@ from operators import (
     HorovodTrainOperator,
     TrainingCompletedError,
 )
-from operators.command import RANK_ENV_WRAPPER, Host
-from operators.launchers.local import check_slots
+from horovod_airflow.operators.command import RANK_ENV_WRAPPER, Host
+from horovod_airflow.operators.launchers.local import check_slots
+from horovod_airflow.trainer.contract import METRICS, PARITY
+from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import PROGRAM, context
-from trainer.contract import METRICS, PARITY
-from trainer.model import preprocessing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_the_controller_reaches_every_launcher():
         ({"entrypoint": "python train.py"}, "entrypoint must be a non-empty list"),
         (
             {"trainer_args": {"--x": 1}},
-            "trainer_args: '--x' is not an option of `python -m trainer",
+            "trainer_args: '--x' is not an option of `python -m horovod_airflow.trainer",
         ),
         ({"hosts": "a:0"}, "hosts is an option of launcher 'local' only: pass local=LocalOpt"),
         ({"timeout": -5}, "timeout: removed; set Airflow's execution_timeout"),
@@ -125,7 +125,10 @@ def test_the_controller_reaches_every_launcher():
         ),
         ({"env": {"BAD NAME": "x"}}, "env: 'BAD NAME' is not a valid environment variable"),
         ({"ssh_port": 70000}, "ssh_port is an option of launcher 'local' only"),
-        ({"docker": {"mounts": []}}, "docker must be a DockerOptions (from operators.launchers"),
+        (
+            {"docker": {"mounts": []}},
+            "docker must be a DockerOptions (from horovod_airflow.operators.launchers",
+        ),
         ({"image": "hva/trainer:1"}, "image='hva/trainer:1': only used by launcher 'docker' and"),
         ({"metric_key": ""}, "metric_key must be a non-empty string"),
         ({"controller": "nccl"}, "controller must be one of ['auto', 'gloo', 'mpi'], got 'nccl'"),
@@ -204,14 +207,16 @@ def test_doctor_failure_stops_the_launch(tmp_path):
     fake_python.write_text("#!/bin/sh\necho \"doctor: $*\"; echo 'no gloo here' >&2; exit 4\n")
     fake_python.chmod(0o755)
     op = train_op(
-        entrypoint=(str(fake_python), "-m", "trainer", "train"),
+        entrypoint=(str(fake_python), "-m", "horovod_airflow.trainer", "train"),
         aws_conn_id=None,
         data=str(tmp_path),
         output=str(tmp_path / "out"),
     )
     with pytest.raises(HorovodPreflightError, match="exited 4") as err:
         op.execute(context())
-    assert "doctor: -m trainer doctor --np 2 --gpus-per-proc 0" in err.value.log_tail
+    assert (
+        "doctor: -m horovod_airflow.trainer doctor --np 2 --gpus-per-proc 0" in err.value.log_tail
+    )
     assert "no gloo here" in err.value.log_tail
 
 
@@ -344,7 +349,7 @@ def test_dag_files_using_the_operators_parse_without_torch(tmp_path):
         textwrap.dedent("""
         from datetime import datetime
         from airflow.sdk import DAG
-        from operators import HorovodExportOperator, HorovodTrainOperator
+        from horovod_airflow.operators import HorovodExportOperator, HorovodTrainOperator
         with DAG("hvd_parse_check", start_date=datetime(2026, 1, 1), schedule=None):
             t = HorovodTrainOperator(task_id="train", num_proc="{{ params.np }}",
                                      data="s3://b/d", output="s3://b/o",
@@ -360,8 +365,8 @@ def test_dag_files_using_the_operators_parse_without_torch(tmp_path):
         bag = DagBag(dag_folder={str(dag_file)!r})
         assert not bag.import_errors, bag.import_errors
         assert "hvd_parse_check" in bag.dags, list(bag.dags)
-        import operators.launchers.local, operators.launchers.docker
-        import operators.launchers.kubernetes, operators.triggers
+        import horovod_airflow.operators.launchers.local, horovod_airflow.operators.launchers.docker
+        import horovod_airflow.operators.launchers.kubernetes, horovod_airflow.operators.triggers
         heavy = sorted(m for m in ("torch", "horovod", "torchvision", "onnxruntime")
                        if m in sys.modules)
         assert not heavy, heavy

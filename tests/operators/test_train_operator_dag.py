@@ -18,7 +18,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators import HorovodTrainOperator
+from horovod_airflow.operators import HorovodTrainOperator
 from tests.operators.helpers import PROGRAM
 
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1),

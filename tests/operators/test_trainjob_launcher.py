@@ -16,8 +16,8 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
-from operators import HorovodLaunchError, HorovodTrainingError, HorovodTrainOperator
-from operators.launchers.kubernetes import (
+from horovod_airflow.operators import HorovodLaunchError, HorovodTrainingError, HorovodTrainOperator
+from horovod_airflow.operators.launchers.kubernetes import (
     ANCESTOR_LABEL,
     JOBSET_NAME_LABEL,
     JOBSET_ROLE_LABEL,
@@ -29,7 +29,7 @@ from operators.launchers.kubernetes import (
     build_trainjob,
     trainjob_phase,
 )
-from operators.triggers import MPIJobTrigger
+from horovod_airflow.operators.triggers import MPIJobTrigger
 from tests.operators.helpers import LineLog, context
 from tests.operators.test_kubernetes_launcher import (
     POD_OPTIONS,
@@ -174,7 +174,10 @@ def test_pod_settings_reach_both_trainjob_pods_from_the_operator():
     job, _ = op.build_spec(context())
     launcher_ = op.make_launcher()
     assert isinstance(launcher_, KubernetesLauncher) and launcher_.flavour.api == "trainjob"
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=TrainerHook([])):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook",
+        return_value=TrainerHook([]),
+    ):
         runtime, _ = launcher_.manifests(job)
     for role, rjob in replicated(runtime).items():
         pod_spec = rjob["template"]["spec"]["template"]["spec"]
@@ -342,7 +345,9 @@ def test_a_deferrable_retry_while_the_trainjob_runs_defers_on_it_without_a_secon
     hook.objects[TRAINJOBS][name] = {"metadata": {"name": name}}
     hook.objects[RUNTIMES][name] = {"metadata": {"name": name}, "spec": {}}
     with (
-        mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook),
+        mock.patch(
+            "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+        ),
         pytest.raises(TaskDeferred) as deferred,
     ):
         op.execute(context(try_number=2))
@@ -416,7 +421,9 @@ def test_the_deferrable_operator_defers_on_the_trainjob_and_finishes_it(tmp_path
     )
     assert op.kubernetes_options.kubernetes_api == "trainjob" and op.kubernetes_options.deferrable
     hook = TrainerHook([FAILED], log_text="[0]<stdout>:step")
-    with mock.patch("operators.launchers.kubernetes.KubernetesHook", return_value=hook):
+    with mock.patch(
+        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+    ):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         trigger = deferred.value.trigger
@@ -443,7 +450,7 @@ def test_pod_options_are_shared_with_the_mpijob():
     runtime, _ = build_trainjob(
         spec(), image="i", namespace="ml", slots_per_worker=2, pod_options=options
     )
-    from operators.launchers.kubernetes import build_mpijob
+    from horovod_airflow.operators.launchers.kubernetes import build_mpijob
 
     mpijob = build_mpijob(
         spec(), image="i", namespace="ml", slots_per_worker=2, pod_options=options
@@ -458,7 +465,7 @@ def test_pod_options_are_shared_with_the_mpijob():
 
 def trainer_manifests() -> dict[str, dict[str, Any]]:
     """Every TrainingRuntime and TrainJob the launcher builds, by shape."""
-    from operators.job import job_labels
+    from horovod_airflow.operators.job import job_labels
 
     labels = job_labels("mnist_horovod_retrain", "train", "manual__2026-12-04T18:49:33+00:00", 2)
     shapes = {

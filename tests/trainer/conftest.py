@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.trainer import layout
 from tests.conftest import MNIST_DIR, VENV_BIN
 from tests.mnist_subset import write_subset
-from trainer import layout
 
 # Tiny runs: 512 training samples, 256 per rank, 4 steps of 64 per epoch; all 500 test images.
 TINY = ["--max-train-samples", "512", "--batch-size", "64", "--log-interval", "0"]
@@ -46,7 +46,7 @@ def horovodrun_command(args: list[str], np_: int = 2, gloo: bool = False) -> lis
         f"localhost:{np_}",
         sys.executable,
         "-m",
-        "trainer",
+        "horovod_airflow.trainer",
         "train",
         *args,
     ]

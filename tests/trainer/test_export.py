@@ -7,15 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from horovod_airflow.trainer.contract import PARITY
+from horovod_airflow.trainer.model import NORMALIZE_MEAN, preprocessing
 from tests.trainer.conftest import Run, describe
-from trainer.contract import PARITY
-from trainer.model import NORMALIZE_MEAN, preprocessing
 
 ORT_WITHOUT_TORCH = """
 import json, sys
 import numpy as np
 import onnxruntime as ort
-from trainer import contract
+from horovod_airflow.trainer import contract
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 meta = session.get_modelmeta().custom_metadata_map
 pre = contract.preprocessing_from_metadata(meta, sys.argv[1])
@@ -35,7 +35,7 @@ def test_export_parity_and_onnx_runs_without_torch(tiny_run: Run, tmp_path: Path
         [
             sys.executable,
             "-m",
-            "trainer",
+            "horovod_airflow.trainer",
             "export",
             "--checkpoint",
             str(tiny_run.output / "checkpoint.pt"),
@@ -79,7 +79,7 @@ def test_export_of_missing_checkpoint_fails_clearly(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "trainer",
+            "horovod_airflow.trainer",
             "export",
             "--checkpoint",
             str(tmp_path / "nope.pt"),

@@ -11,16 +11,16 @@ import sys
 
 import pytest
 
-from trainer import cli
-from trainer import config as options
-from trainer.config import ConfigError, TrainConfig
+from horovod_airflow.trainer import cli
+from horovod_airflow.trainer import config as options
+from horovod_airflow.trainer.config import ConfigError, TrainConfig
 
 BASE = ["--data", "/nonexistent/data", "--output", "/nonexistent/out"]
 
 
 def trainer(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
+        [sys.executable, "-m", "horovod_airflow.trainer", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,7 +67,7 @@ def test_missing_required_option_exits_2() -> None:
 def test_help_shows_the_horovodrun_launch_command() -> None:
     proc = trainer("train", "--help")
     assert proc.returncode == 0
-    assert "horovodrun -np 2 -H localhost:2 python -m trainer train" in proc.stdout
+    assert "horovodrun -np 2 -H localhost:2 python -m horovod_airflow.trainer train" in proc.stdout
     for option in ("--fp16-allreduce", "--adasum", "--backward-passes-per-step", "--precision"):
         assert option in proc.stdout
 
@@ -95,7 +95,8 @@ def test_help_explains_resume_and_its_mismatch_choice() -> None:
     assert "default error" in text
 
 
-# --- Each option is declared once (trainer.config); the parser, the checks and the DAG's
+# --- Each option is declared once (horovod_airflow.trainer.config); the parser, the checks and the
+# DAG's
 # --- Params are derived from that declaration, so they must agree with it everywhere.
 
 
@@ -255,9 +256,9 @@ def test_the_retrain_dags_trainer_params_are_the_declaration(
     from airflow.sdk.exceptions import ParamValidationError
 
     monkeypatch.setenv("HVA_BUCKET", "options-check")
-    import operators.settings
+    import horovod_airflow.operators.settings
 
-    importlib.reload(operators.settings)
+    importlib.reload(horovod_airflow.operators.settings)
     dag = importlib.reload(importlib.import_module("dags.mnist_horovod_retrain")).retrain_dag
     titles = {
         "epochs": "Epochs",

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from horovod_airflow.trainer.train import PrecisionChoice, cpu_has_bf16, resolve_precision
 from tests.trainer.conftest import TINY, describe, events, run_horovod
-from trainer.train import PrecisionChoice, cpu_has_bf16, resolve_precision
 
 # /proc/cpuinfo flag lines of the CPUs this project's machines have had.
 EPYC_AVX2 = "flags\t: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni"
@@ -69,7 +69,7 @@ def test_cuda_bf16_check_excludes_emulation(monkeypatch: pytest.MonkeyPatch) -> 
     """torch's is_bf16_supported() counts emulation unless told not to (no GPU needed)."""
     import torch
 
-    from trainer import train
+    from horovod_airflow.trainer import train
 
     seen: list[dict[str, object]] = []
 
@@ -86,8 +86,8 @@ def test_channels_last_optimizer_state_is_made_contiguous() -> None:
     """A checkpoint written by a channels-last model holds state Horovod cannot broadcast."""
     import torch
 
-    from trainer.model import build_model
-    from trainer.train import make_state_contiguous
+    from horovod_airflow.trainer.model import build_model
+    from horovod_airflow.trainer.train import make_state_contiguous
 
     torch.manual_seed(0)
     model = build_model("mnist_cnn").to(memory_format=torch.channels_last)
@@ -122,8 +122,8 @@ PATHS = [
 def test_forced_path_trains_resumes_and_exports(
     precision: str, channels_last: str, model: str, staged_subset: Path, tmp_path: Path
 ) -> None:
-    from trainer.export import run_export
-    from trainer.train import load_checkpoint
+    from horovod_airflow.trainer.export import run_export
+    from horovod_airflow.trainer.train import load_checkpoint
 
     flags = ["--precision", precision, "--channels-last", channels_last, "--model", model]
     # Constant lr, no warmup: 1 epoch + a resumed 2nd epoch follows the 2-epoch schedule.

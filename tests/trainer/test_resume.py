@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from horovod_airflow.trainer.config import TrainConfig
+from horovod_airflow.trainer.train import Runtime, load_checkpoint, resume_mismatches, run_identity
 from tests.trainer.conftest import describe, horovodrun_command, run_horovod, trainer_env
-from trainer.config import TrainConfig
-from trainer.train import Runtime, load_checkpoint, resume_mismatches, run_identity
 
 # The trainer's defaults (cosine schedule with warmup, Adam, batch 64) on 1000 samples per rank,
 # 16 steps an epoch; the demo's CNN because its dropout draws from each rank's RNG.

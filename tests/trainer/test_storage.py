@@ -1,4 +1,5 @@
-"""Local-folder side of ``trainer.storage``: atomic writes with the modes ``open()`` would give."""
+"""Local-folder side of ``horovod_airflow.trainer.storage``: atomic writes with the modes
+``open()`` would give."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import storage
+from horovod_airflow.trainer import storage
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from horovod_airflow.trainer import storage
+from horovod_airflow.trainer.contract import METRICS
 from tests.conftest import MNIST_DIR
 from tests.mnist_subset import write_subset
 from tests.trainer.conftest import (
@@ -24,8 +26,6 @@ from tests.trainer.conftest import (
     stage_local,
     trainer_env,
 )
-from trainer import storage
-from trainer.contract import METRICS
 
 
 def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
@@ -33,9 +33,9 @@ def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
 ) -> None:
     import torch
 
-    from trainer import data
-    from trainer.model import build_model
-    from trainer.train import evaluate, load_checkpoint
+    from horovod_airflow.trainer import data
+    from horovod_airflow.trainer.model import build_model
+    from horovod_airflow.trainer.train import evaluate, load_checkpoint
 
     metrics = tiny_run.metrics
     assert metrics["world_size"] == 2
@@ -178,7 +178,7 @@ def test_resume_after_kill_completes_with_full_history(staged_subset: Path, tmp_
         proc.wait(timeout=60)
     assert not (out / "metrics.json").exists()
 
-    from trainer.train import load_checkpoint
+    from horovod_airflow.trainer.train import load_checkpoint
 
     interrupted = load_checkpoint(str(checkpoint))
     assert interrupted["epoch"] == 1 and len(interrupted["history"]) == 1
@@ -213,7 +213,7 @@ def test_corrupted_staged_file_stops_every_rank(tmp_path: Path) -> None:
 
 
 def test_s3_data_and_output(s3_server, mnist_subset: Path, tmp_path: Path) -> None:
-    from trainer import layout
+    from horovod_airflow.trainer import layout
 
     staged_local = stage_local(mnist_subset)
     manifest = json.loads((staged_local / "manifest.json").read_text())

@@ -39,7 +39,7 @@ from examples.waveforms.settings import (
     MODEL_NAME,
     TRAIN_ENTRYPOINT,
 )
-from operators import (
+from horovod_airflow.operators import (
     HorovodExportOperator,
     HorovodTrainOperator,
     ModelGateOperator,
@@ -47,7 +47,12 @@ from operators import (
     StageDatasetOperator,
     safe_key,
 )
-from operators.settings import AWS_CONN_ID, BUCKET_URI, DEFAULT_LAUNCHER, TRAINER_IMAGE
+from horovod_airflow.operators.settings import (
+    AWS_CONN_ID,
+    BUCKET_URI,
+    DEFAULT_LAUNCHER,
+    TRAINER_IMAGE,
+)
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
 

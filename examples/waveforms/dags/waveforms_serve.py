@@ -4,7 +4,8 @@
 Scheduled on the `waveform_cnn_latest` Asset that `waveforms_horovod_retrain` emits. Serves
 the version named by the triggering event (a manual run: the one `latest.json` names now):
 downloads it, checks its sha256 against the version manifest
-(`operators.serving.open_published_model`), prepares fresh waveforms with the preprocessing
+(`horovod_airflow.operators.serving.open_published_model`), prepares fresh waveforms with the
+preprocessing
 the ONNX metadata records, predicts them with onnxruntime and fails when the accuracy is
 below `min_accuracy`. Needs onnxruntime and numpy on the worker — no torch.
 """
@@ -17,7 +18,7 @@ from typing import Any
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from examples.waveforms.settings import LATEST_MODEL_ASSET_NAME, LATEST_MODEL_URI, MODEL_NAME
-from operators.settings import AWS_CONN_ID, BUCKET_URI
+from horovod_airflow.operators.settings import AWS_CONN_ID, BUCKET_URI
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
 
@@ -45,7 +46,7 @@ def waveforms_serve_latest_model() -> None:
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
         from examples.waveforms.serving import serving_check
-        from operators.serving import published_from_events
+        from horovod_airflow.operators.serving import published_from_events
 
         context = get_current_context()
         params = context["params"]
