@@ -105,15 +105,24 @@ cmd_start() {
   install_packages
   write_conf
   write_registries_conf
-  if service_pid >/dev/null && api_answers; then
-    log "already serving unix://$sock (pid $(service_pid))"
-    return 0
+  local pid
+  if pid=$(service_pid) && api_answers; then
+    # conmon, started by the service for every container, needs the service's working
+    # directory: a service started from a folder deleted since (a removed checkout or work
+    # tree) answers the API but can start no container ("write child: broken pipe").
+    if [ -d "$(readlink "/proc/$pid/cwd")" ]; then
+      log "already serving unix://$sock (pid $pid)"
+      return 0
+    fi
+    log "the service (pid $pid) lost its working directory; restarting it"
+    cmd_stop
   fi
   rm -f "$sock"
-  # --time=0: serve until stopped (the default exits after 5 s idle).
-  CONTAINERS_CONF="$conf" CONTAINERS_REGISTRIES_CONF="$registries_conf" \
-    setsid podman system service --time=0 "unix://$sock" \
-    >"$state/service.log" 2>&1 </dev/null &
+  # --time=0: serve until stopped (the default exits after 5 s idle). From the state folder,
+  # which outlives any checkout the caller ran in (see above).
+  (cd "$state" && CONTAINERS_CONF="$conf" CONTAINERS_REGISTRIES_CONF="$registries_conf" \
+    exec setsid podman system service --time=0 "unix://$sock" \
+    >"$state/service.log" 2>&1 </dev/null) &
   echo $! >"$pidfile"
   for _ in $(seq 1 100); do
     api_answers && { log "serving the Docker API on unix://$sock (pid $(cat "$pidfile"))"; return 0; }

@@ -196,7 +196,7 @@ def test_sigkilled_task_process_leaves_no_ranks(s3_server, tmp_path):
     output = f"s3://{bucket}/runs/orphan"
     script = tmp_path / "task.py"
     script.write_text(
-        "from operators import HorovodTrainOperator\n"
+        "from horovod_airflow.operators import HorovodTrainOperator\n"
         "from tests.operators.helpers import PROGRAM, context\n"
         f"op = HorovodTrainOperator(task_id='t', num_proc=2, entrypoint=PROGRAM, data={data!r},\n"
         f"    output={output!r}, trainer_args={{'sleep': 120}})\n"
