@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,14 +117,21 @@ def predict(session: Any, raw: np.ndarray) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def score_published_model(
-    published: dict[str, Any], dataset_uri: str, *, client: Any | None = None
+def score_on_test_split(
+    published: dict[str, Any],
+    dataset_uri: str,
+    load_test_split: Callable[..., tuple[np.ndarray, np.ndarray]],
+    *,
+    client: Any | None = None,
 ) -> dict[str, Any]:
-    """Accuracy of a published model on the whole test split of a staged dataset."""
+    """Accuracy of a published model on the test split of a staged dataset, whatever the
+    model: ``load_test_split(dataset_uri, workdir, client=client)`` returns the raw inputs
+    and labels (its own data format); the model's recorded preprocessing prepares them
+    (:func:`predict`). A model's ``champion_scorer`` is this with its loader."""
     with tempfile.TemporaryDirectory(prefix="hva-score-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
-        images, labels = load_staged_test_split(dataset_uri, Path(tmp), client=client)
-    correct = int((predict(session, images) == labels).sum())
+        raw, labels = load_test_split(dataset_uri, Path(tmp), client=client)
+    correct = int((predict(session, raw) == labels).sum())
     result = {
         "version": published.get("version"),
         "dataset_uri": dataset_uri,
@@ -133,6 +141,14 @@ def score_published_model(
     }
     log.info("re-scored %s on %s: %s", published.get("version"), dataset_uri, result)
     return result
+
+
+def score_published_model(
+    published: dict[str, Any], dataset_uri: str, *, client: Any | None = None
+) -> dict[str, Any]:
+    """The MNIST scorer (the gate's default): accuracy on a staged MNIST-format dataset's
+    whole test split."""
+    return score_on_test_split(published, dataset_uri, load_staged_test_split, client=client)
 
 
 def published_from_events(events: Any, asset: Any) -> dict[str, Any] | None:

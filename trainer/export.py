@@ -44,21 +44,32 @@ class ParityError(RuntimeError):
     """onnxruntime and PyTorch disagree beyond the tolerance."""
 
 
-def export_onnx(model: Any, path: Path, metadata: dict[str, str]) -> None:
-    """Write ``model`` (eval mode) as one ONNX file with a dynamic batch axis; check it."""
+def write_onnx(
+    model: Any,
+    example: Any,
+    path: Path,
+    metadata: dict[str, str],
+    *,
+    input_name: str,
+    output_name: str,
+) -> None:
+    """Write ``model`` (eval mode) as one self-contained ONNX file (no ``.onnx.data``
+    sidecar) whose first axis is a dynamic batch, with ``metadata`` as its
+    ``metadata_props``; check it with onnx's full checker. ``example`` is one input batch of
+    at least 2 samples (its shape past the batch axis is the model's). Any model's export
+    program can use it (``examples/waveforms/export.py`` does)."""
     import onnx
     import torch
 
-    example = torch.zeros(2, *INPUT_SHAPE)
     torch.onnx.export(
         model,
         (example,),
         str(path),
         dynamo=True,
-        external_data=False,  # one self-contained file, no .onnx.data sidecar
-        input_names=[INPUT_NAME],
-        output_names=[OUTPUT_NAME],
-        dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
+        external_data=False,
+        input_names=[input_name],
+        output_names=[output_name],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),  # by position: any forward()
     )
     proto = onnx.load(str(path))
     for key, value in metadata.items():
@@ -66,6 +77,14 @@ def export_onnx(model: Any, path: Path, metadata: dict[str, str]) -> None:
         entry.key, entry.value = key, value
     onnx.checker.check_model(proto, full_check=True)
     onnx.save(proto, str(path))
+
+
+def export_onnx(model: Any, path: Path, metadata: dict[str, str]) -> None:
+    """The MNIST model as ``image`` ``[batch, 1, 28, 28]`` → ``logits`` (:func:`write_onnx`)."""
+    import torch
+
+    example = torch.zeros(2, *INPUT_SHAPE)
+    write_onnx(model, example, path, metadata, input_name=INPUT_NAME, output_name=OUTPUT_NAME)
 
 
 def parity(model: Any, onnx_path: Path, images: Any, labels: Any) -> dict[str, Any]:

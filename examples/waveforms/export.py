@@ -43,6 +43,7 @@ from examples.waveforms.model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME, build_
 from examples.waveforms.train import CHECKPOINT_FORMAT, standardize
 from horovod_airflow.trainer import contract, fileset, storage
 from horovod_airflow.trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
+from horovod_airflow.trainer.export import write_onnx
 
 TOLERANCE = 1e-4
 
@@ -65,26 +66,12 @@ def metadata_for(state: dict[str, Any], checkpoint: str) -> dict[str, str]:
 
 
 def export_onnx(model: Any, length: int, path: Path, metadata: dict[str, str]) -> None:
-    """Write ``model`` (eval mode) as one ONNX file with a dynamic batch axis, checked."""
-    import onnx
+    """The waveform model as ``signal`` ``[batch, 1, length]`` → logits, written and checked
+    by the project's :func:`horovod_airflow.trainer.export.write_onnx`."""
     import torch
 
-    torch.onnx.export(
-        model,
-        (torch.zeros(2, 1, length),),
-        str(path),
-        dynamo=True,
-        external_data=False,
-        input_names=[INPUT_NAME],
-        output_names=[OUTPUT_NAME],
-        dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
-    )
-    proto = onnx.load(str(path))
-    for key, value in metadata.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(proto, full_check=True)
-    onnx.save(proto, str(path))
+    example = torch.zeros(2, 1, length)
+    write_onnx(model, example, path, metadata, input_name=INPUT_NAME, output_name=OUTPUT_NAME)
 
 
 def parity(model: Any, path: Path, raw: Any, labels: Any, pre: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,12 @@ from typing import Any
 
 from examples.waveforms.data import SERVING_SEED, generate, load_split
 from horovod_airflow.operators.model_registry import read_champion
-from horovod_airflow.operators.serving import model_preprocessing, open_published_model, predict
+from horovod_airflow.operators.serving import (
+    model_preprocessing,
+    open_published_model,
+    predict,
+    score_on_test_split,
+)
 from horovod_airflow.trainer import fileset, storage
 from horovod_airflow.trainer.contract import LATEST_NAME, ONNX_NAME
 
@@ -42,20 +47,16 @@ def score_published_model(
     ``horovod_airflow.trainer.layout.DatasetError``), which
     the gate reports as its reason to refuse.
     """
-    with tempfile.TemporaryDirectory(prefix="hva-wf-score-") as tmp:
-        session = open_published_model(published, Path(tmp), client=client)
-        _, paths = fileset.fetch_files(dataset_uri, Path(tmp) / "data", client=client)
-        signals, labels = load_split(paths, "test")
-    correct = int((predict(session, signals) == labels).sum())
-    result = {
-        "version": published.get("version"),
-        "dataset_uri": dataset_uri,
-        "accuracy": correct / len(labels),
-        "correct": correct,
-        "samples": len(labels),
-    }
-    log.info("re-scored %s on %s: %s", published.get("version"), dataset_uri, result)
-    return result
+    return score_on_test_split(published, dataset_uri, load_staged_test_split, client=client)
+
+
+def load_staged_test_split(
+    dataset_uri: str, workdir: Path, *, client: Any | None = None
+) -> tuple[Any, Any]:
+    """The raw test signals and labels of a staged waveform file set (each file's sha256
+    checked against its manifest)."""
+    _, paths = fileset.fetch_files(dataset_uri, workdir / "data", client=client)
+    return load_split(paths, "test")
 
 
 def serving_check(
