@@ -169,6 +169,24 @@ def published_from_events(events: Any, asset: Any) -> dict[str, Any] | None:
     return None
 
 
+def published_or_latest(
+    bucket_uri: str,
+    model_name: str,
+    published: dict[str, Any] | None,
+    *,
+    client: Any | None = None,
+) -> tuple[dict[str, Any], str]:
+    """(the published model a serving run checks, where it was named): ``published`` (the
+    triggering Asset event's ``extra``) as given, else what ``latest.json`` names now (a manual
+    run); no ``latest.json`` raises FileNotFoundError."""
+    if published is not None:
+        return published, "asset event"
+    champion = read_champion(bucket_uri, model_name, client=client)
+    if champion is None:
+        raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
+    return champion, LATEST_NAME
+
+
 def smoke_test_published_model(
     bucket_uri: str,
     model_name: str,
@@ -182,12 +200,7 @@ def smoke_test_published_model(
     ``published`` names the model (the ``extra`` of the Asset event that triggered the
     serving run); None: the model ``latest.json`` names now (a manual run).
     """
-    source = "asset event"
-    if published is None:
-        source = LATEST_NAME
-        published = read_champion(bucket_uri, model_name, client=client)
-        if published is None:
-            raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
+    published, source = published_or_latest(bucket_uri, model_name, published, client=client)
     with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
         actual = storage.sha256_file(Path(tmp) / ONNX_NAME)

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from examples.waveforms.data import SERVING_SEED, generate, load_split
-from horovod_airflow.operators.model_registry import read_champion
 from horovod_airflow.operators.serving import (
     model_preprocessing,
     open_published_model,
     predict,
+    published_or_latest,
     score_on_test_split,
 )
 from horovod_airflow.trainer import fileset, storage
-from horovod_airflow.trainer.contract import LATEST_NAME, ONNX_NAME
+from horovod_airflow.trainer.contract import ONNX_NAME
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,7 @@ def serving_check(
     the triggering Asset event's ``extra``; None: what ``latest.json`` names now. Raises
     :class:`ServingCheckError` when fewer than ``min_accuracy`` of them are right.
     """
-    source = "asset event"
-    if published is None:
-        source = LATEST_NAME
-        published = read_champion(bucket_uri, model_name, client=client)
-        if published is None:
-            raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
+    published, source = published_or_latest(bucket_uri, model_name, published, client=client)
     with tempfile.TemporaryDirectory(prefix="hva-wf-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
         onnx_sha256 = storage.sha256_file(Path(tmp) / ONNX_NAME)

@@ -560,18 +560,24 @@ def pod_start_failure(
     return f"the launcher pod of {kind} {name} was not created {late} (pods: {workers})", False
 
 
-def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
-    """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from an MPIJob's conditions."""
+def _phase(obj: Mapping[str, Any] | None, succeeded: str) -> tuple[str, str]:
+    """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from a job's conditions: the
+    first true ``succeeded`` or ``Failed`` condition ends it."""
     conditions = ((obj or {}).get("status") or {}).get("conditions") or []
     for cond in conditions:
         if cond.get("status") != "True":
             continue
-        if cond.get("type") == "Succeeded":
+        if cond.get("type") == succeeded:
             return "succeeded", str(cond.get("message") or "")
         if cond.get("type") == "Failed":
             reason = cond.get("reason") or ""
             return "failed", f"{reason}: {cond.get('message') or ''}".strip(": ")
     return "running", ""
+
+
+def mpijob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from an MPIJob's conditions."""
+    return _phase(obj, "Succeeded")
 
 
 def mpijob_hosts(obj: Mapping[str, Any] | None) -> list[Host]:
@@ -857,16 +863,7 @@ def build_trainjob(
 def trainjob_phase(obj: Mapping[str, Any] | None) -> tuple[str, str]:
     """(``"succeeded"`` | ``"failed"`` | ``"running"``, message) from a TrainJob's conditions
     (``Complete`` or ``Failed`` with status True ends it)."""
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    for cond in conditions:
-        if cond.get("status") != "True":
-            continue
-        if cond.get("type") == "Complete":
-            return "succeeded", str(cond.get("message") or "")
-        if cond.get("type") == "Failed":
-            reason = cond.get("reason") or ""
-            return "failed", f"{reason}: {cond.get('message') or ''}".strip(": ")
-    return "running", ""
+    return _phase(obj, "Complete")
 
 
 def launcher_command_hosts(pod_spec: Mapping[str, Any]) -> list[Host]:
