@@ -58,6 +58,19 @@ def airflow_db() -> Path:
     return Path(os.environ["AIRFLOW_HOME"])
 
 
+@pytest.fixture(scope="session")
+def stack_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The compose stack's images (stand-ins, Airflow, trainer), built where missing or stale.
+
+    ``scripts/prebuild.sh`` builds them before pytest starts; here they are found current in
+    seconds, or built (a cold trainer image: ~18 min) when pytest runs alone, so no test
+    depends on another having run first.
+    """
+    from tests.engine_scripts import build_stack_images
+
+    return build_stack_images(tmp_path_factory.mktemp("stack-images"))
+
+
 @pytest.fixture
 def mnist_subset(tmp_path: Path) -> Path:
     """A small MNIST-format folder cut from the vendored real MNIST (train 2000, test 500)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -22,37 +23,15 @@ from typing import Any
 
 import pytest
 
+from tests import readme
 from tests.conftest import REPO, VENV_BIN, S3Server
+from tests.engine_scripts import podman_cli_env, run_script
 
 ENGINES = REPO / "scripts" / "engines"
-UNAVAILABLE_EXIT = 2  # the scripts' "this machine cannot provide it"
 JOB_LABEL = "horovod-airflow/job"  # the docker launcher labels its containers with this
 # Each rank says where it runs before it becomes the program (exec keeps pid, signals, exit).
 WHERE = ("sh", "-c", 'echo "hva-rank rank=$HOROVOD_RANK host=$(hostname)"; exec "$@"', "where")
 NETNS_CONN_ID = "aws_netns"
-
-
-def run_script(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 900):
-    """Run an engine script; skip on exit 2 (unavailable here), fail on any other error."""
-    if os.geteuid() != 0:
-        pytest.skip(
-            f"{script} needs root (network namespaces / rootful podman); uid {os.geteuid()}"
-        )
-    done = subprocess.run(
-        ["bash", str(ENGINES / script), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
-    )
-    if done.returncode == UNAVAILABLE_EXIT:
-        pytest.skip(f"{script} {' '.join(args)}: {done.stderr.strip()[-500:]}")
-    if done.returncode != 0:
-        pytest.fail(
-            f"{script} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}",
-            pytrace=False,
-        )
-    return done
 
 
 # --- podman: the Docker API on a unix socket, and the runtime image -----------------------
@@ -104,9 +83,13 @@ def podman_engine() -> Iterator[PodmanEngine]:
         ).returncode
         == 0
     )
-    run_script("podman_engine.sh", "start")
+    run_script("scripts/engines/podman_engine.sh start")
     try:
-        image = run_script("podman_engine.sh", "image").stdout.strip().splitlines()[-1]
+        image = (
+            run_script(readme.command("scripts/engines/podman_engine.sh image"))
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         yield PodmanEngine(docker_url=f"unix://{state}/podman.sock", image=image)
     finally:
         if not was_serving:  # leave a service the user started running
@@ -190,7 +173,9 @@ class SimulatedHosts:
 
     def restore(self) -> None:
         """Bring every host back up (sshd restarted where a test killed it); idempotent."""
-        run_script("netns_hosts.sh", "up", env=self.script_env, timeout=300)
+        run_script(
+            readme.command("scripts/engines/netns_hosts.sh up"), env=self.script_env, timeout=300
+        )
 
 
 @pytest.fixture(scope="session")
@@ -199,10 +184,12 @@ def simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simula
     state = tmp_path_factory.mktemp("netns")
     env = {"HVA_NETNS_STATE": str(state), "HVA_NETNS_HOSTS": "h1 h2"}
     try:
-        run_script("netns_hosts.sh", "up", env=env, timeout=300)
+        run_script(readme.command("scripts/engines/netns_hosts.sh up"), env=env, timeout=300)
         settings = dict(
             line.removeprefix("export ").split("=", 1)
-            for line in run_script("netns_hosts.sh", "env", env=env).stdout.splitlines()
+            for line in run_script(
+                "scripts/engines/netns_hosts.sh env", env=env
+            ).stdout.splitlines()
         )
         addresses = {
             name: hp.rsplit(":", 1)[0]
@@ -223,7 +210,8 @@ def simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simula
     finally:
         if os.geteuid() == 0:
             subprocess.run(
-                ["bash", str(ENGINES / "netns_hosts.sh"), "down"],
+                shlex.split(readme.command("scripts/engines/netns_hosts.sh down")),
+                cwd=REPO,
                 env={**os.environ, **env},
                 check=False,
                 capture_output=True,
@@ -310,18 +298,15 @@ class MPIJobNetwork:
     s3: S3Server
 
 
-def podman_cli_env() -> dict[str, str]:
-    """The podman API service running, and the environment the podman CLI needs with it
-    (CONTAINERS_CONF: runc, ulimits)."""
-    run_script("podman_engine.sh", "start")
-    exports = run_script("podman_engine.sh", "env").stdout.splitlines()
-    return dict(line.removeprefix("export ").split("=", 1) for line in exports if "=" in line)
-
-
 @pytest.fixture(scope="session")
-def mpijob_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPIJobNetwork]:
+def mpijob_network(stack_images: dict[str, str]) -> Iterator[MPIJobNetwork]:
     """Network ``hva-mpijob-<n>`` with a holder container (the bridge exists only while a
-    container is attached) and moto's S3 on the gateway; always removed afterwards."""
+    container is attached) and moto's S3 on the gateway; always removed afterwards. The
+    trainer image is built first where missing (``stack_images``)."""
+    assert stack_images["trainer"] == TRAINER_IMAGE, (
+        f"the compose settings name the trainer image {stack_images['trainer']}, "
+        f"these tests run {TRAINER_IMAGE}"
+    )
     env = podman_cli_env()
 
     def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -334,8 +319,6 @@ def mpijob_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MPIJobN
             timeout=300,
         )
 
-    if podman("image", "exists", TRAINER_IMAGE, check=False).returncode != 0:
-        pytest.skip(f"{TRAINER_IMAGE} is not built (docker/trainer.Dockerfile)")
     octet = 200 + os.getpid() % 50
     name, prefix = f"hva-mpijob-{octet}", f"10.89.{octet}"
     holder = f"{name}-holder"

@@ -19,6 +19,7 @@ import pytest
 
 from horovod_airflow.operators import HorovodTrainingError, HorovodTrainOperator
 from horovod_airflow.operators.staging import stage_dataset
+from tests.engine_scripts import BUILD_TIMEOUT
 from tests.engines.conftest import (
     MPIJOB_CONN_ID,
     TRAINER_IMAGE,
@@ -29,8 +30,9 @@ from tests.engines.conftest import (
 )
 from tests.operators.helpers import context, with_launcher_options
 
-# Each run starts three containers of the 6.6 GB trainer image and imports torch in each rank.
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# Each run starts three containers of the 6.6 GB trainer image and imports torch in each rank;
+# the first test to need that image builds it where scripts/prebuild.sh has not.
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 900)]
 
 TRAIN_ARGS = {
     "epochs": 1,

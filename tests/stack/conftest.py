@@ -2,15 +2,14 @@
 
 The fixtures run the script a user runs (``scripts/engines/compose_stack.sh``) with a state
 folder, project name and ports of the suite's own, so a stack the user has up is untouched.
-The images are shared with the user's (they are cached by a hash of their inputs): a cold
-machine builds them here once (the trainer image: about 20 minutes on 2 cores).
+The images come from the session fixture ``stack_images`` (tests/engine_scripts.py): the user's
+images, cached by a hash of their inputs, built before pytest by ``scripts/prebuild.sh``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,13 +19,11 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO, VENV_BIN, free_port
+from tests.conftest import REPO, free_port
+from tests.engine_scripts import run_script
 
-SCRIPT = REPO / "scripts" / "engines" / "compose_stack.sh"
-UNAVAILABLE_EXIT = 2  # the engine scripts' "this machine cannot run it"
 PROJECT = "hva-stack-test"
-# A cold build of the trainer image takes ~20 min on 2 cores; the stack's start a few minutes.
-BUILD_TIMEOUT = 3600
+# The stack's start takes a few minutes (the images are built by the stack_images fixture).
 UP_TIMEOUT = 1200
 
 
@@ -44,24 +41,11 @@ def load_stack_smoke() -> ModuleType:
 
 
 def compose_stack(command: str, env: dict[str, str], timeout: float) -> str:
-    """Run ``compose_stack.sh COMMAND``; skip (fail in CI) where the engine cannot run here."""
-    if os.geteuid() != 0:
-        pytest.skip(f"compose_stack.sh needs root (rootful podman); uid {os.geteuid()}")
-    done = subprocess.run(
-        ["bash", str(SCRIPT), command],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", **env},
-        timeout=timeout,
-    )
-    if done.returncode == UNAVAILABLE_EXIT:
-        pytest.skip(f"compose_stack.sh {command}: {done.stderr.strip()[-800:]}")
-    if done.returncode != 0:
-        pytest.fail(
-            f"compose_stack.sh {command} exited {done.returncode}:\n{done.stderr[-4000:]}",
-            pytrace=False,
-        )
-    return done.stdout
+    """``scripts/engines/compose_stack.sh COMMAND`` as a user types it; skip (fail in CI)
+    where the engine cannot run here."""
+    return run_script(
+        f"scripts/engines/compose_stack.sh {command}", env=env, timeout=timeout
+    ).stdout
 
 
 def project_containers() -> list[str]:
@@ -90,7 +74,9 @@ class Stack:
 
 
 @pytest.fixture(scope="package")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, stack_images: dict[str, str]
+) -> Iterator[Stack]:
     """Images built (or found current), the stack up; afterwards `down` must leave nothing.
 
     Package-scoped: the stack's services are down again before the rest of the suite runs.
@@ -109,7 +95,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # file must win (other tests in the session leave HVA_BUCKET set).
         "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",
     }
-    compose_stack("images", env, BUILD_TIMEOUT)
     smoke = load_stack_smoke()
     try:
         compose_stack("up", env, UP_TIMEOUT)

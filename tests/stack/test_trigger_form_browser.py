@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.stack.conftest import BUILD_TIMEOUT, Stack, load_stack_smoke
+from tests.engine_scripts import BUILD_TIMEOUT
+from tests.stack.conftest import Stack, load_stack_smoke
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 2400)]
 
