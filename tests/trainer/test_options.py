@@ -14,6 +14,8 @@ import pytest
 from horovod_airflow.trainer import cli
 from horovod_airflow.trainer import config as options
 from horovod_airflow.trainer.config import ConfigError, TrainConfig
+from tests import readme
+from tests.test_readme_commands import DOCTOR
 
 BASE = ["--data", "/nonexistent/data", "--output", "/nonexistent/out"]
 
@@ -73,7 +75,8 @@ def test_help_shows_the_horovodrun_launch_command() -> None:
 
 
 def test_doctor_reports_gloo_and_can_start_two_cpu_ranks() -> None:
-    proc = trainer("doctor", "--np", "2", "--json")
+    """The README's doctor line, as written, with --json."""
+    proc = readme.run(DOCTOR, fill={" [--gpus-per-proc 1]": "", "[--json]": "--json"}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is True
@@ -82,7 +85,10 @@ def test_doctor_reports_gloo_and_can_start_two_cpu_ranks() -> None:
 
 
 def test_doctor_fails_naming_the_gpu_shortfall() -> None:
-    proc = trainer("doctor", "--np", "4096", "--gpus-per-proc", "1")
+    proc = readme.run(
+        DOCTOR, fill={"--np 2": "--np 4096", "[--gpus-per-proc 1]": "--gpus-per-proc 1",
+                      " [--json]": ""}, timeout=120,
+    )  # fmt: skip
     assert proc.returncode == 1
     assert "4096 GPUs" in proc.stdout and "cannot start" in proc.stdout
 
