@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI as a new machine runs it, before you stop: a fresh clone of the committed HEAD, then
-# `CI=true bash .ci/run` in it, timed, with every cache pointed at new folders.
+# `CI=true bash .ci/run` in it and the README's main job (`scripts/run_pipeline.sh`) after it,
+# each timed, with every cache pointed at new folders where asked.
 #
 #   scripts/cold_ci.sh --cold                   # empty caches: what a new machine's first CI does
 #   scripts/cold_ci.sh --caches DIR             # caches in DIR (new: cold; reused: warm)
@@ -16,11 +17,12 @@
 # podman service are not touched.
 #
 # Options: --keep keeps the clone and --cold's caches; --workdir DIR puts both under DIR
-# (default: a new folder under /var/tmp). Prints the log's path, the total time, each step's
-# time and pytest's summary; exits with .ci/run's status.
+# (default: a new folder under /var/tmp); --no-main-job runs .ci/run alone. Prints the log's
+# path, the total time, each step's time and pytest's summary; exits non-zero when .ci/run or
+# the main job failed.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-caches="" cold=0 order=default keep=0 workdir=""
+caches="" cold=0 order=default keep=0 workdir="" main_job=1
 usage() { sed -n '2,21p' "$0" >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,9 +30,10 @@ while [ $# -gt 0 ]; do
     --caches) caches=${2:?--caches needs a folder}; shift ;;
     --order) order=${2:?--order needs default or shuffle[:SEED]}; shift ;;
     --keep) keep=1 ;;
+    --no-main-job) main_job=0 ;;
     --workdir) workdir=${2:?--workdir needs a folder}; shift ;;
     -h | --help) usage 0 ;;
-    *) echo "cold_ci: ERROR: unknown option '$1' (allowed: --cold, --caches DIR, --order default|shuffle[:SEED], --keep, --workdir DIR)" >&2; exit 2 ;;
+    *) echo "cold_ci: ERROR: unknown option '$1' (allowed: --cold, --caches DIR, --order default|shuffle[:SEED], --keep, --workdir DIR, --no-main-job)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -96,9 +99,11 @@ if [ "$cold" = 1 ] && [ "$keep" = 0 ]; then
     CONTAINERS_STORAGE_CONF="$caches/storage.conf" podman rmi -af >/dev/null 2>&1 || true
   fi
   cp "$log" "$work.log"
+  [ -f "$work/main-job.log" ] && cp "$work/main-job.log" "$work.main-job.log"
   rm -rf "$work"
   log="$work.log"
   echo "cold_ci: removed $work (--keep keeps it)" >&2
 fi
 echo "cold_ci: log $log" >&2
-exit "$rc"
+[ "$rc" = 0 ] || exit "$rc"
+exit "$main_rc"
