@@ -23,7 +23,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 caches="" cold=0 order=default keep=0 workdir="" main_job=1
-usage() { sed -n '2,21p' "$0" >&2; exit "${1:-2}"; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --cold) cold=1 ;;
