@@ -1,13 +1,13 @@
-"""The shell commands the README shows, so tests run them exactly as a user would type them.
+"""The shell commands the README and docs/ show, so tests run them exactly as a user types them.
 
-A command is read from the README's ```bash blocks: one shell command per line (a line ending
-in ``\\`` or an open quote continues on the next), the comment after it dropped. Commands are
-compared in a canonical form (their words, re-quoted by :func:`shlex.join`), so spacing and
-comment columns do not matter and a changed word does.
+A command is read from the ```bash blocks of README.md and docs/*.md: one shell command per
+line (a line ending in ``\\`` or an open quote continues on the next), the comment dropped.
+Commands are compared in a canonical form (their words, re-quoted by :func:`shlex.join`), so
+spacing and comment columns do not matter and a changed word does.
 
-``command(text)`` hands a test the README's own command, failing when the README no longer
-shows it; ``tests/test_readme_commands.py`` fails when the README shows a command that no test
-(or the cold-run script) runs and that is not marked as needing a GPU host.
+``command(text)`` hands a test the documented command, failing when no page shows it any more;
+``tests/test_readme_commands.py`` fails when a page shows a command that no test (or the
+cold-run script) runs and that is not marked as needing a GPU host.
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ from pathlib import Path
 from scripts.devstack import REPO, VENV_BIN
 
 README = REPO / "README.md"
+
+
+def pages() -> list[Path]:
+    """The pages whose commands are checked: the README, then docs/*.md."""
+    return [README, *sorted((REPO / "docs").glob("*.md"))]
+
+
 # <staged URI>, <URI>: what the reader fills in. Optional parts: [--json].
 PLACEHOLDER = re.compile(r"<[^<>]+>")
 
@@ -29,7 +36,7 @@ PLACEHOLDER = re.compile(r"<[^<>]+>")
 @dataclass(frozen=True)
 class Command:
     text: str  # canonical: shlex.join of its words
-    line: int  # where it starts in the file
+    where: str  # page:line where it starts
     source: str  # as written (continuation lines joined with newlines)
 
 
@@ -42,8 +49,12 @@ def canonical(text: str) -> str:
     return shlex.join(words(text))
 
 
-def commands(path: Path = README) -> list[Command]:
-    """Every command of the file's ```bash blocks, in order."""
+def commands(*paths: Path) -> list[Command]:
+    """Every command of the pages' ```bash blocks (default: :func:`pages`), in order."""
+    return [cmd for path in (paths or pages()) for cmd in _commands(path)]
+
+
+def _commands(path: Path) -> list[Command]:
     found: list[Command] = []
     in_block = False
     pending: list[str] = []
@@ -68,18 +79,20 @@ def commands(path: Path = README) -> list[Command]:
             continue
         pending = []
         if split:
-            found.append(Command(shlex.join(split), start, joined))
+            where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{start}"
+            found.append(Command(shlex.join(split), where, joined))
     return found
 
 
-def command(text: str, path: Path = README) -> str:
-    """The README's command whose words are ``text``'s, as the README writes it (comment
-    dropped); fails, naming it, when the README does not show it."""
+def command(text: str, *paths: Path) -> str:
+    """The documented command whose words are ``text``'s, as the page writes it (comment
+    dropped); fails, naming it, when no page (default: :func:`pages`) shows it."""
     want = canonical(text)
-    for cmd in commands(path):
+    for cmd in commands(*paths):
         if cmd.text == want:
             return strip_comment(cmd.source)
-    raise AssertionError(f"{path.name} does not show the command {want!r} (any more)")
+    names = ", ".join(p.name for p in (paths or pages()))
+    raise AssertionError(f"{names}: no page shows the command {want!r} (any more)")
 
 
 def strip_comment(source: str) -> str:
