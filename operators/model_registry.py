@@ -113,7 +113,8 @@ def read_latest(
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None, None
-        raise storage.StorageError(f"cannot read {uri}: {e}") from e
+        kind = storage.TransientStorageError if storage.is_transient(e) else storage.StorageError
+        raise kind(f"cannot read {uri}: {e}") from e
     return LATEST.loads(response["Body"].read(), uri), str(response["ETag"])
 
 
@@ -170,7 +171,8 @@ def write_latest(
         # NoSuchKey: If-Match on a latest.json that was deleted since the gate read it.
         if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey"):
             raise _champion_changed(uri, expected_etag, f"S3 said {code}") from e
-        raise storage.StorageError(f"cannot write {uri}: {e}") from e
+        kind = storage.TransientStorageError if storage.is_transient(e) else storage.StorageError
+        raise kind(f"cannot write {uri}: {e}") from e
     return uri
 
 
@@ -372,7 +374,9 @@ def gate_challenger(
     (or its dataset is not recorded), it is re-scored on this dataset first by
     ``champion_scorer`` (see :func:`resolve_champion_scorer`; default: the MNIST scorer,
     onnxruntime on the staged test split); if that fails, or ``champion_scorer`` is None,
-    the decision refuses and says why.
+    the decision refuses and says why — except where the store did not answer
+    (:class:`~horovod_airflow.trainer.storage.TransientStorageError`, raised: the task fails
+    and is retried, since a refusal would skip publishing for a blip).
     """
     champion, etag = read_latest(bucket_uri, model_name, client=client)
     challenger_hash = dataset.get("content_hash")
@@ -388,6 +392,10 @@ def gate_challenger(
         else:
             try:
                 rescored = float(scorer(champion, dataset["uri"], client=client)["accuracy"])
+            except storage.TransientStorageError:
+                # the store did not answer: no verdict on the champion; fail, so a retry asks
+                # again, rather than refuse the challenger and skip this week's publish
+                raise
             except (ModelIntegrityError, storage.StorageError, ValueError, KeyError) as e:
                 # DatasetError is a ValueError; so is a model the scorer cannot read
                 log.warning("cannot re-score the champion %s: %s", champion.get("version"), e)

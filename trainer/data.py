@@ -54,6 +54,8 @@ class LocalDataset:
 def read_manifest(uri: str) -> dict[str, Any]:
     try:
         text = storage.read_bytes(storage.join(uri, layout.MANIFEST_NAME))
+    except storage.TransientStorageError:
+        raise  # not a verdict on the data: the task fails and is retried
     except storage.StorageError as e:
         raise DatasetError(
             f"no {layout.MANIFEST_NAME} at {uri}: --data must be a staged dataset "

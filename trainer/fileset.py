@@ -125,6 +125,8 @@ def read_manifest(uri: str, *, client: Any | None = None) -> dict[str, Any]:
     """The validated manifest of the file set staged at ``uri``."""
     try:
         text = storage.read_bytes(storage.join(uri, MANIFEST_NAME), client=client)
+    except storage.TransientStorageError:
+        raise  # not a verdict on the data: the task fails and is retried
     except storage.StorageError as e:
         raise DatasetError(
             f"no {MANIFEST_NAME} at {uri}: the data must be a staged file set "

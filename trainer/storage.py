@@ -33,7 +33,59 @@ class StorageError(RuntimeError):
     """A URI could not be read or written."""
 
 
+class TransientStorageError(StorageError):
+    """The store could not be reached, timed out, or answered "try again" (5xx, 429,
+    throttling): the same call may succeed later. Nothing may be decided on such an error
+    (a gate refusing, a file taken as missing): the task fails and Airflow retries it."""
+
+
 _MISSING_CODES = ("404", "NoSuchKey", "NotFound")
+# Error codes S3-compatible servers answer when the request may succeed if repeated.
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError", "ServiceUnavailable", "SlowDown", "SlowDownRead", "SlowDownWrite",
+        "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded",
+        "RequestTimeout", "RequestTimeoutException", "BandwidthLimitExceeded",
+        "500", "502", "503", "504", "429",
+    }
+)  # fmt: skip
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether ``e`` (or what it wraps) is a failure that repeating the call may cure: the
+    endpoint unreachable or timing out, a connection cut, a 5xx or 429 answer, throttling.
+    Access denied, a missing key or bucket, bad credentials or parameters are not."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        ConnectionError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    seen: set[int] = set()
+    err: BaseException | None = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, TransientStorageError):
+            return True
+        if isinstance(err, ClientError):
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = str(err.response.get("Error", {}).get("Code", ""))
+            return code in _TRANSIENT_CODES or (
+                isinstance(status, int) and (status >= 500 or status == 429)
+            )
+        # EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError are
+        # ConnectionErrors; ReadTimeoutError is one too, listed for the reader.
+        if isinstance(
+            err,
+            (ConnectionError, ReadTimeoutError, ConnectionClosedError, IncompleteReadError,
+             ResponseStreamingError),
+        ):  # fmt: skip
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _code(e: Exception) -> str | None:
@@ -53,7 +105,8 @@ def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
     the URI and the endpoint: ``S3 GetObject of s3://b/k at http://minio:9000 failed: ...``.
 
     Covers the server's answers (access denied, no such bucket: ``ClientError``) and not
-    reaching it at all (``EndpointConnectionError``, timeouts: ``BotoCoreError``). Credentials
+    reaching it at all (``EndpointConnectionError``, timeouts: ``BotoCoreError``); what a
+    retry may cure (:func:`is_transient`) raises :class:`TransientStorageError`. Credentials
     are never part of the message: botocore does not put them in its errors.
     """
     try:
@@ -65,14 +118,15 @@ def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         where = f"S3 {operation} of {uri} at {endpoint_of(client)}"
+        kind = TransientStorageError if is_transient(e) else StorageError
         if isinstance(e, ClientError):
             error = e.response.get("Error", {})
             code = str(error.get("Code", "?"))
             if code in _MISSING_CODES:
                 raise StorageError(f"{uri} does not exist ({where}: {code})") from e
-            raise StorageError(f"{where} failed: {code}: {error.get('Message') or e}") from e
+            raise kind(f"{where} failed: {code}: {error.get('Message') or e}") from e
         if isinstance(e, (BotoCoreError, Boto3Error)):
-            raise StorageError(f"{where} failed: {type(e).__name__}: {e}") from e
+            raise kind(f"{where} failed: {type(e).__name__}: {e}") from e
         raise
 
 

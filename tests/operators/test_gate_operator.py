@@ -231,3 +231,41 @@ def test_the_first_model_is_judged_by_the_floor_alone(s3_server):
     gate_json = json.loads(storage.read_text(f"{run}/gate.json", client=client))
     assert gate_json == {"format": GATE.format, **decision}
     assert not storage.exists(f"s3://{bucket}/models/mnist_cnn/latest.json", client=client)
+
+
+def test_a_store_that_does_not_answer_while_rescoring_fails_the_gate_to_be_retried(
+    s3_server, monkeypatch
+):
+    """A champion measured on other data must be re-scored; if the store answers 503 SlowDown
+    meanwhile, the gate task fails (Airflow retries it). It does not refuse the challenger and
+    skip publishing over a blip, and records no decision."""
+    from scripts.devstack import S3Server
+    from tests.s3_faults import faulty_s3
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("gate")
+    doc = {"model": "mnist_cnn", "version": "v-champion",
+           "uri": f"s3://{bucket}/models/mnist_cnn/v-champion",
+           "manifest_uri": f"s3://{bucket}/models/mnist_cnn/v-champion/manifest.json",
+           "onnx_uri": f"s3://{bucket}/models/mnist_cnn/v-champion/model.onnx",
+           "onnx_sha256": "0" * 64, "val_accuracy": 0.99,
+           "dataset_content_hash": "measured-on-other-data"}  # fmt: skip
+    client.put_object(Bucket=bucket, Key="models/mnist_cnn/latest.json", Body=LATEST.dumps(doc))
+    run = f"s3://{bucket}/runs/blip"
+
+    def slow_down(method: str, path: str) -> tuple[int, str] | None:
+        # latest.json reads fine; everything the re-scoring reads answers "slow down"
+        return None if path.endswith("/latest.json") or method != "GET" else (503, "SlowDown")
+
+    with faulty_s3(s3_server.endpoint, slow_down) as proxy:
+        flaky = S3Server(endpoint=proxy.endpoint, env=s3_server.env)
+        monkeypatch.setenv("AIRFLOW_CONN_AWS_FLAKY", flaky.airflow_conn_uri_json())
+        op = gate_op(
+            bucket_uri=f"s3://{bucket}",
+            metrics={"val_accuracy": 0.99, "output": run},
+            aws_conn_id="aws_flaky",
+        )
+        with pytest.raises(storage.TransientStorageError, match="SlowDown"):
+            op.execute({})
+    assert proxy.answered, "the re-scoring never reached the store"
+    assert not storage.exists(f"{run}/gate.json", client=client)  # no decision was made

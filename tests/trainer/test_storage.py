@@ -85,6 +85,7 @@ def test_an_unreachable_endpoint_is_named_with_the_operation(operation, call) ->
     assert f"S3 {operation} of s3://b" in message and f"at {endpoint} failed" in message
     assert "EndpointConnectionError" in message
     assert "never-in-a-message" not in message
+    assert isinstance(err.value, storage.TransientStorageError)  # a retry may reach it
 
 
 def test_download_from_an_unreachable_endpoint_names_it(tmp_path: Path) -> None:
@@ -101,7 +102,44 @@ def test_the_servers_refusal_is_named_with_its_code(s3_server) -> None:
     message = str(err.value)
     assert f"S3 PutObject of s3://no-such-bucket-here/k at {s3_server.endpoint} failed" in message
     assert "NoSuchBucket" in message
+    assert not isinstance(err.value, storage.TransientStorageError)
     bucket = s3_server.new_bucket("missing-key")
-    with pytest.raises(storage.StorageError, match="does not exist"):
+    with pytest.raises(storage.StorageError, match="does not exist") as missing:
         storage.read_bytes(f"s3://{bucket}/absent", client=client)
+    assert not isinstance(missing.value, storage.TransientStorageError)
     assert storage.exists(f"s3://{bucket}/absent", client=client) is False
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "transient"),
+    [
+        (503, "SlowDown", True),
+        (500, "InternalError", True),
+        (503, "ServiceUnavailable", True),
+        (429, "TooManyRequests", True),
+        (403, "AccessDenied", False),
+        (400, "InvalidArgument", False),
+    ],
+)
+def test_what_a_retry_may_cure_is_told_apart(s3_server, status, code, transient) -> None:
+    """The store's answer over the wire (a proxy in front of the real server answers GETs
+    itself): throttling and 5xx are transient, a refusal is not; both name the code."""
+    import boto3
+    from botocore.config import Config
+
+    from tests.s3_faults import faulty_s3
+
+    bucket = s3_server.new_bucket("faults")
+    s3_server.client().put_object(Bucket=bucket, Key="k", Body=b"x")
+    rule = lambda method, path: (status, code) if method == "GET" else None  # noqa: E731
+    with faulty_s3(s3_server.endpoint, rule) as proxy:
+        client = boto3.client(
+            "s3", endpoint_url=proxy.endpoint, region_name="us-east-1",
+            aws_access_key_id="k", aws_secret_access_key="s",
+            config=Config(retries={"max_attempts": 2, "mode": "standard"}),
+        )  # fmt: skip
+        assert storage.exists(f"s3://{bucket}/k", client=client)  # HEAD goes through
+        with pytest.raises(storage.StorageError, match=code) as err:
+            storage.read_bytes(f"s3://{bucket}/k", client=client)
+    assert isinstance(err.value, storage.TransientStorageError) is transient
+    assert proxy.answered and all(a[2] == status for a in proxy.answered)
