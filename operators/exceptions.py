@@ -4,8 +4,9 @@ The failures of a Horovod job subclass :class:`HorovodOperatorError` (an
 ``AirflowException``), so Airflow retries them like any task failure; callers that care can
 catch the precise kind. Failures that a retry cannot fix (a bad setting, a failed preflight,
 a Clear of a train that completed, a refused publish, a champion that changed under the gate)
-are ``AirflowFailException``: the task fails without using its retries, and the message says
-what to do instead.
+and a program's refusal (its exit codes 2 and 3, :class:`HorovodRefusedError`) are
+``AirflowFailException``: the task fails without using its retries, and the message says what
+to do instead.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class HorovodTrainingError(HorovodOperatorError):
     ) -> None:
         self.exit_code = exit_code
         super().__init__(message, log_tail=log_tail)
+
+
+class HorovodRefusedError(HorovodTrainingError, AirflowFailException):
+    """The program refused its inputs or settings (exit 2 or 3, the contract's
+    ``NO_RETRY_EXIT_CODES``): a checkpoint of other settings, a dataset that fails its checks,
+    a bad command line. Every retry would meet the same refusal, so none is made."""
 
 
 class HorovodTimeoutError(HorovodOperatorError):

@@ -20,6 +20,10 @@ Check that N ranks can start here::
 
 ``--data`` and ``--output`` take ``s3://bucket/prefix`` (credentials and endpoint from the
 standard AWS_* environment variables) or a local folder.
+
+Exit codes (``horovod_airflow.trainer.contract``): 0 done; 2 a bad command line; 3 refused, no
+retry can fix it (a checkpoint of other settings, data or world size; a staged dataset that
+fails its checks; an export whose parity fails); 1 any other failure (retried by Airflow).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 
 from horovod_airflow.trainer import config as options
 from horovod_airflow.trainer.config import ConfigError, TrainConfig
+from horovod_airflow.trainer.contract import EXIT_REFUSED
 
 
 def _help(name: str) -> str:
@@ -132,13 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"python -m horovod_airflow.trainer train: error: {e}\n")
         from horovod_airflow.trainer.layout import DatasetError
         from horovod_airflow.trainer.storage import StorageError
-        from horovod_airflow.trainer.train import TrainingError, run
+        from horovod_airflow.trainer.train import ResumeMismatchError, TrainingError, run
 
         try:
             run(config)
         except (DatasetError, TrainingError, StorageError) as e:
             print(f"trainer: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            return 1
+            # a retry meets the same checkpoint or data: refuse (the operator does not retry)
+            return EXIT_REFUSED if isinstance(e, ResumeMismatchError | DatasetError) else 1
         return 0
     if args.command == "export":
         if args.samples < 1:
@@ -158,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except (ParityError, DatasetError, TrainingError, StorageError) as e:
             print(f"trainer export: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            return 1
+            return EXIT_REFUSED if isinstance(e, ParityError | DatasetError) else 1
         print(json.dumps({"event": "export", **report}), flush=True)
         return 0
     from horovod_airflow.trainer.doctor import diagnose, format_report

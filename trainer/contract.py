@@ -75,6 +75,18 @@ LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.jso
 PREPROCESSING_KEY = "horovod-airflow/preprocessing"
 
 
+# --- exit codes of a training or export program ------------------------------------------
+#: The command line is wrong (argparse's usage error): no retry can fix it.
+EXIT_USAGE = 2
+#: The program refuses its inputs or settings: a checkpoint of other settings, data or world
+#: size (``--resume``), a staged dataset that fails its checks, an export whose parity fails.
+#: No retry can fix it either.
+EXIT_REFUSED = 3
+#: What the operators treat as final: the task fails without using its retries. Any other
+#: non-zero exit (a crash, a lost rank, a storage blip) is retried.
+NO_RETRY_EXIT_CODES = frozenset({EXIT_USAGE, EXIT_REFUSED})
+
+
 class ContractError(ValueError):
     """A file exchanged between the trainer and the Airflow side breaks its contract."""
 

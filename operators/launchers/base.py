@@ -82,6 +82,16 @@ def rank_host(rank: int, hosts: Sequence[Any]) -> str | None:
     return None
 
 
+def failed_exit_code(error: Any) -> int | None:
+    """The program's own exit code behind a failed job: the first failed rank's, as horovodrun
+    reports it in the output, else the job's (a single process, or horovodrun's own)."""
+    found = _FIRST_FAILED.search("\n".join(getattr(error, "log_tail", ()) or ()))
+    if found:
+        return int(found.group(2))
+    code = getattr(error, "exit_code", None)
+    return code if isinstance(code, int) else None
+
+
 def describe_failure(
     name: str, exit_code: int, lines: Sequence[str], hosts: Sequence[Any] = ()
 ) -> str:

@@ -35,6 +35,7 @@ from horovod_airflow.operators.command import (
     rank_env_file_text,
 )
 from horovod_airflow.operators.exceptions import (
+    HorovodConfigError,
     HorovodLaunchError,
     HorovodTimeoutError,
     HorovodTrainingError,
@@ -694,7 +695,8 @@ def _pod_templates(
 
 def _workers(spec: JobSpec, slots_per_worker: int, kind: str) -> int:
     if spec.num_proc % slots_per_worker:
-        raise ValueError(
+        # a setting no retry changes: a config error (not retried), not a plain ValueError
+        raise HorovodConfigError(
             f"num_proc={spec.num_proc} is not a multiple of slots_per_worker="
             f"{slots_per_worker}: each {kind} worker runs exactly slots_per_worker ranks"
         )

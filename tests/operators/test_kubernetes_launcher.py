@@ -14,7 +14,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
 from horovod_airflow.operators import (
@@ -354,8 +354,29 @@ def test_cpu_job_requests_no_gpus_and_bad_slots_are_named():
     assert (
         worker["replicas"] == 4 and "resources" not in worker["template"]["spec"]["containers"][0]
     )
-    with pytest.raises(ValueError, match="num_proc=4 is not a multiple of slots_per_worker=3"):
+    with pytest.raises(ValueError, match="num_proc=4 is not a multiple of slots_per_worker=3") as e:
         build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=3)
+    assert isinstance(e.value, AirflowFailException)  # a setting: no retry changes it
+
+
+def test_a_launcher_pods_log_naming_a_refusal_fails_without_retry():
+    """The launcher pod's horovodrun output names the first failed rank's exit code; 2 or 3
+    (the program refused) is final, anything else stays retryable."""
+    from horovod_airflow.operators import HorovodRefusedError
+    from horovod_airflow.operators.job import refusals_not_retried
+
+    refusal = "[1]<stderr>:trainer: error: ResumeMismatchError: batch_size: checkpoint 64, now 32"
+    refused_tail = [refusal, "Process name: 1", "Exit code: 3"]
+    crashed_tail = [refusal, "Process name: 1", "Exit code: 137"]
+    with (
+        pytest.raises(HorovodRefusedError, match="exit code 3: the program refused") as refused,
+        refusals_not_retried(),
+    ):
+        raise HorovodTrainingError("job 'x' failed", exit_code=1, log_tail=refused_tail)
+    assert isinstance(refused.value, AirflowFailException)
+    with pytest.raises(HorovodTrainingError) as crashed, refusals_not_retried():
+        raise HorovodTrainingError("job 'x' failed", exit_code=1, log_tail=crashed_tail)
+    assert not isinstance(crashed.value, AirflowFailException)
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from horovod_airflow.operators import (
+    HorovodRefusedError,
     HorovodTimeoutError,
     HorovodTrainingError,
     HorovodTrainOperator,
@@ -89,6 +91,25 @@ def test_failing_rank_raises_training_error_with_log_tail(s3_server):
     tail = "\n".join(err.value.log_tail)
     assert "rank 1: failing on purpose with exit code 7" in tail
     assert "failing on purpose" in str(err.value)
+    assert not isinstance(err.value, AirflowFailException)  # a crash: Airflow retries it
+
+
+@pytest.mark.parametrize("code", [2, 3])
+def test_a_rank_that_refuses_fails_the_task_without_retry(s3_server, code):
+    """Exit 2 (bad command line) or 3 (refused inputs: a checkpoint of other settings, data
+    that fails its checks) from a rank, through horovodrun: every retry would meet the same
+    refusal, so the task fails for good (AirflowFailException), naming the exit code."""
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    op = make_op(
+        data, f"s3://{bucket}/runs/refuse", trainer_args={"fail_rank": 1, "exit_code": code}
+    )
+    with pytest.raises(HorovodRefusedError) as err:
+        op.execute(context())
+    assert isinstance(err.value, AirflowFailException)
+    assert isinstance(err.value, HorovodTrainingError)  # still what a caller catches today
+    assert f"exit code {code}: the program refused" in str(err.value)
+    assert "failing on purpose" in str(err.value)  # the rank's own lines lead
 
 
 def _job_processes(marker: str) -> list[psutil.Process]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from horovod_airflow.trainer.config import TrainConfig
+from horovod_airflow.trainer.contract import EXIT_REFUSED
 from horovod_airflow.trainer.train import Runtime, load_checkpoint, resume_mismatches, run_identity
 from tests.trainer.conftest import describe, horovodrun_command, run_horovod, trainer_env
 
@@ -96,6 +97,9 @@ def test_resumed_run_ends_equal_to_the_uninterrupted_run(interrupted: dict) -> N
 def test_mismatched_checkpoint_stops_every_rank_naming_each_field(interrupted: dict) -> None:
     out, proc = resume_into(interrupted, "mismatch", "--batch-size", "32", "--lr", "0.001")
     assert proc.returncode != 0
+    # Each rank refuses with the contract's EXIT_REFUSED, which horovodrun reports for the
+    # first one: the operator fails the task without retrying (a retry meets the same file).
+    assert f"Exit code: {EXIT_REFUSED}" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "ResumeMismatchError" in line]
     assert {line.partition("]")[0] for line in errors} == {"[0", "[1"}, proc.stderr  # both ranks
     assert "batch_size: checkpoint 64, now 32" in errors[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import METRICS
+from horovod_airflow.trainer.contract import EXIT_REFUSED, METRICS
 from tests.conftest import MNIST_DIR
 from tests.mnist_subset import write_subset
 from tests.trainer.conftest import (
@@ -208,6 +208,7 @@ def test_corrupted_staged_file_stops_every_rank(tmp_path: Path) -> None:
     assert proc.returncode != 0
     combined = proc.stdout + proc.stderr
     assert "DatasetIntegrityError" in combined
+    assert f"Exit code: {EXIT_REFUSED}" in combined  # refused: the same data on every retry
     assert "train-labels-idx1-ubyte.gz: sha256" in combined
     assert not (out / "metrics.json").exists() and not (out / "checkpoint.pt").exists()
 
