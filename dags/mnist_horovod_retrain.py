@@ -57,6 +57,8 @@ from horovod_airflow.operators.settings import (
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
     MODEL_NAME,
+    RUN_TIMEOUT,
+    TASK_TIMEOUT,
     TRAINER_JOB,
 )
 
@@ -74,7 +76,9 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
     max_active_runs=1,
     render_template_as_native_obj=True,
     user_defined_filters={"safe_key": safe_key},
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    dagrun_timeout=RUN_TIMEOUT,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                  "execution_timeout": TASK_TIMEOUT},
     tags=["horovod", "training", "mnist"],
     params={
         "num_proc": Param(DEFAULT_NUM_PROC, type="integer", minimum=1, maximum=512,

@@ -24,6 +24,8 @@ from horovod_airflow.operators.settings import (
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
     MODEL_NAME,
+    RUN_TIMEOUT,
+    TASK_TIMEOUT,
 )
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
@@ -36,6 +38,8 @@ LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
+    dagrun_timeout=RUN_TIMEOUT,
+    default_args={"execution_timeout": TASK_TIMEOUT},
     tags=["serving", "onnx", "mnist"],
 )
 def mnist_serve_latest_model() -> None:

@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import BaseOperator
@@ -138,6 +139,7 @@ class HorovodJobSettings(TypedDict, total=False):
     ``HorovodTrainOperator(task_id=..., **SETTINGS)`` (see
     ``horovod_airflow.operators.settings.TRAINER_JOB``)."""
 
+    execution_timeout: timedelta
     aws_conn_id: str | None
     image: str | None
     gpus_per_proc: int

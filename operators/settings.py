@@ -12,6 +12,13 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_NUM_PROC`` | ``2`` | default ranks in the trigger form |
 | ``HVA_GPUS_PER_PROC`` | ``0`` | GPUs each rank requests (docker/kubernetes launchers) |
 | ``HVA_DOCKER_NETWORK`` | unset | network of the training containers (compose: the stack's) |
+| ``HVA_JOB_TIMEOUT_MINUTES`` | ``360`` | deadline of each Horovod job task (train, export) |
+| ``HVA_TASK_TIMEOUT_MINUTES`` | ``30`` | deadline of every other task (stage, gate, publish) |
+| ``HVA_RUN_TIMEOUT_MINUTES`` | ``720`` | ``dagrun_timeout`` of the shipped DAGs |
+
+A task's deadline is its ``execution_timeout``; a job task's is also the launchers' deadline
+and the MPIJob/TrainJob ``activeDeadlineSeconds``. The run's keeps a hung run from holding
+``max_active_runs=1`` (and so every later scheduled run) forever.
 
 ``TRAINER_JOB`` bundles the settings the DAG's train and export tasks share.
 """
@@ -19,10 +26,26 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
 from horovod_airflow.trainer.contract import LATEST_NAME
+
+
+def minutes(name: str, default: int) -> timedelta:
+    """``$name`` as a duration in whole minutes (1 to 10080, a week); ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 7 * 24 * 60:
+        raise ValueError(
+            f"{name}={raw!r}: expected whole minutes from 1 to 10080 (a week); default {default}"
+        )
+    return timedelta(minutes=value)
+
 
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
@@ -33,6 +56,11 @@ TRAINER_IMAGE = os.environ.get("HVA_TRAINER_IMAGE", "horovod-airflow/trainer:lat
 DEFAULT_NUM_PROC = int(os.environ.get("HVA_NUM_PROC", "2"))
 GPUS_PER_PROC = int(os.environ.get("HVA_GPUS_PER_PROC", "0"))
 DOCKER_NETWORK = os.environ.get("HVA_DOCKER_NETWORK") or None
+#: Every task of the shipped DAGs has a deadline: a hung collective or a stuck S3 call fails
+#: the task (and the run) instead of holding the weekly schedule forever.
+JOB_TIMEOUT = minutes("HVA_JOB_TIMEOUT_MINUTES", 360)
+TASK_TIMEOUT = minutes("HVA_TASK_TIMEOUT_MINUTES", 30)
+RUN_TIMEOUT = minutes("HVA_RUN_TIMEOUT_MINUTES", 720)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
@@ -41,6 +69,7 @@ LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
 #: used when the launcher renders to ``"docker"``, unused otherwise (see the launcher options
 #: rule of ``horovod_airflow.operators.job.HorovodJobOperatorBase``).
 TRAINER_JOB: HorovodJobSettings = {
+    "execution_timeout": JOB_TIMEOUT,
     "aws_conn_id": AWS_CONN_ID,
     "image": TRAINER_IMAGE,
     "gpus_per_proc": GPUS_PER_PROC,

@@ -51,7 +51,9 @@ from horovod_airflow.operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
     DEFAULT_LAUNCHER,
-    TRAINER_IMAGE,
+    RUN_TIMEOUT,
+    TASK_TIMEOUT,
+    TRAINER_JOB,
 )
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
@@ -68,7 +70,9 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
     max_active_runs=1,
     render_template_as_native_obj=True,
     user_defined_filters={"safe_key": safe_key},
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    dagrun_timeout=RUN_TIMEOUT,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                  "execution_timeout": TASK_TIMEOUT},
     tags=["horovod", "training", "example"],
     params={
         "num_proc": Param(2, type="integer", minimum=1, maximum=64, title="Ranks",
@@ -106,8 +110,7 @@ def waveforms_horovod_retrain() -> None:
         data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
         output=RUN_PREFIX,
         trainer_args={"epochs": "{{ params.epochs }}"},
-        aws_conn_id=AWS_CONN_ID,
-        image=TRAINER_IMAGE,
+        **TRAINER_JOB,
     )
 
     gate = ModelGateOperator(
@@ -129,8 +132,7 @@ def waveforms_horovod_retrain() -> None:
         checkpoint="{{ ti.xcom_pull(task_ids='train')['checkpoint_uri'] }}",
         output=RUN_PREFIX + "/onnx",
         data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
-        aws_conn_id=AWS_CONN_ID,
-        image=TRAINER_IMAGE,
+        **TRAINER_JOB,
     )
 
     publish = PublishModelOperator(

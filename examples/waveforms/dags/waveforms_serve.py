@@ -18,7 +18,7 @@ from typing import Any
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from examples.waveforms.settings import LATEST_MODEL_ASSET_NAME, LATEST_MODEL_URI, MODEL_NAME
-from horovod_airflow.operators.settings import AWS_CONN_ID, BUCKET_URI
+from horovod_airflow.operators.settings import AWS_CONN_ID, BUCKET_URI, RUN_TIMEOUT, TASK_TIMEOUT
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
 
@@ -30,6 +30,8 @@ LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
+    dagrun_timeout=RUN_TIMEOUT,
+    default_args={"execution_timeout": TASK_TIMEOUT},
     tags=["serving", "onnx", "example"],
     params={
         "sample_count": Param(64, type="integer", minimum=1, maximum=10000, title="Samples",
