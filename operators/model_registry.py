@@ -80,6 +80,22 @@ def safe_key(value: str) -> str:
     return f"{readable}-{digest}" if readable else digest
 
 
+def check_version(version: Any) -> str:
+    """``version`` if it is a safe version name (letters, digits, ``.``, ``_``, ``-``; not
+    starting or ending with a separator), else ValueError naming it."""
+    if (
+        not isinstance(version, str)
+        or not version
+        or _SAFE.search(version)
+        or version.strip("._-") != version
+    ):
+        raise ValueError(
+            f"{version!r} is not a safe version name (letters, digits, '.', '_', '-'; "
+            "e.g. v20261202T101500Z-1f3c9a0b2d4e)"
+        )
+    return version
+
+
 def models_prefix(bucket_uri: str, model_name: str) -> str:
     return storage.join(bucket_uri, "models", model_name)
 
@@ -382,8 +398,11 @@ def gate_challenger(
     challenger_hash = dataset.get("content_hash")
     rescored = None
     if champion is not None and champion_dataset_hash(champion) != challenger_hash:
-        from horovod_airflow.operators.serving import ModelIntegrityError
+        from horovod_airflow.operators.serving import ModelIntegrityError, in_registry
 
+        # the champion is loaded from the registry's own locations, whatever latest.json
+        # says: a record pointing elsewhere fails the task (ModelIntegrityError), loudly
+        champion = in_registry(bucket_uri, model_name, champion, LATEST_NAME)
         scorer = resolve_champion_scorer(champion_scorer)
         if scorer is None:
             log.warning(
@@ -590,8 +609,10 @@ def publish_model(
             "refusing to publish: the gate decision records no champion_etag (the latest.json "
             "it compared against); re-run the gate"
         )
-    if _SAFE.search(version) or version.strip("._-") != version:
-        raise PublishRefusedError(f"refusing to publish: {version!r} is not a safe version name")
+    try:
+        check_version(version)
+    except ValueError as e:
+        raise PublishRefusedError(f"refusing to publish: {e}") from e
     prefix = storage.join(models_prefix(bucket_uri, model_name), version)
     manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
 

@@ -20,10 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from horovod_airflow.operators.model_registry import read_champion
+from horovod_airflow.operators.model_registry import check_version, models_prefix, read_champion
 from horovod_airflow.operators.staging import vendored_mnist
 from horovod_airflow.trainer import contract, layout, storage
-from horovod_airflow.trainer.contract import LATEST_NAME, ONNX_NAME, VERSION_MANIFEST
+from horovod_airflow.trainer.contract import (
+    LATEST_NAME,
+    ONNX_NAME,
+    VERSION_MANIFEST,
+    VERSION_MANIFEST_NAME,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,54 @@ _BATCH = 1000
 
 
 class ModelIntegrityError(RuntimeError):
-    """A published file does not match the sha256 its version manifest records."""
+    """A published file does not match the sha256 its version manifest records, or a record
+    names a model outside the registry."""
+
+
+def in_registry(
+    bucket_uri: str, model_name: str, claimed: dict[str, Any], source: str
+) -> dict[str, Any]:
+    """``claimed`` (an Asset event's ``extra``, or ``latest.json``) with every location taken
+    from the registry, not from the claim: version ``v`` of ``model_name`` lives at
+    ``<bucket_uri>/models/<model_name>/<v>/`` (its ``manifest.json`` and ``model.onnx`` there).
+
+    Whoever can post an Asset event or write a record must not choose what serving loads: a
+    claim that names another model, a version name that is not one, or a ``uri`` /
+    ``manifest_uri`` / ``onnx_uri`` elsewhere (another bucket, a worker-local path) raises
+    :class:`ModelIntegrityError` naming it. The sha256 check against the registry's manifest
+    follows in :func:`open_published_model`.
+    """
+    version = claimed.get("version")
+    try:
+        check_version(version)
+    except ValueError as e:
+        raise ModelIntegrityError(f"the {source} names no valid version: {e}") from e
+    if claimed.get("model") not in (None, model_name):
+        raise ModelIntegrityError(
+            f"the {source} names model {claimed.get('model')!r}, this registry serves "
+            f"{model_name!r} ({models_prefix(bucket_uri, model_name)})"
+        )
+    prefix = storage.join(models_prefix(bucket_uri, model_name), str(version))
+    where = {
+        "uri": prefix,
+        "manifest_uri": storage.join(prefix, VERSION_MANIFEST_NAME),
+        "onnx_uri": storage.join(prefix, ONNX_NAME),
+    }
+    for key, want in where.items():
+        got = claimed.get(key)
+        if got is not None and _location(got) != _location(want):
+            raise ModelIntegrityError(
+                f"the {source} names {key} {got!r}, but version {version} of {model_name} is "
+                f"published at {want!r}: refusing to load a model from outside the registry"
+            )
+    return {**claimed, **where}
+
+
+def _location(uri: Any) -> str:
+    try:
+        return str(storage.parse(str(uri)))
+    except ValueError:
+        return f"<not a location: {uri!r}>"
 
 
 def load_test_images(count: int, folder: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -176,15 +228,16 @@ def published_or_latest(
     *,
     client: Any | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """(the published model a serving run checks, where it was named): ``published`` (the
-    triggering Asset event's ``extra``) as given, else what ``latest.json`` names now (a manual
-    run); no ``latest.json`` raises FileNotFoundError."""
+    """(the published model a serving run checks, where it was named): the version that
+    ``published`` (the triggering Asset event's ``extra``) names, else the one ``latest.json``
+    names now (a manual run), its locations from the registry (:func:`in_registry`); no
+    ``latest.json`` raises FileNotFoundError."""
     if published is not None:
-        return published, "asset event"
+        return in_registry(bucket_uri, model_name, published, "asset event"), "asset event"
     champion = read_champion(bucket_uri, model_name, client=client)
     if champion is None:
         raise FileNotFoundError(f"no published {model_name} in {bucket_uri} (no latest.json)")
-    return champion, LATEST_NAME
+    return in_registry(bucket_uri, model_name, champion, LATEST_NAME), LATEST_NAME
 
 
 def smoke_test_published_model(

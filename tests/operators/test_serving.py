@@ -160,3 +160,73 @@ def test_serving_refuses_a_model_whose_preprocessing_differs_from_its_manifest(s
     storage.write_text(latest["manifest_uri"], json.dumps(manifest), client=s3)
     with pytest.raises(ModelIntegrityError, match=r"carries preprocessing .* but .* records"):
         smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)
+
+
+def _attacker_model(s3_server, x_train, y_train) -> dict:
+    """A real model published, with a consistent manifest, in a bucket of someone else's."""
+    elsewhere = s3_server.new_bucket("elsewhere")
+    onnx_bytes = linear_onnx_model(*centroid_classifier(x_train, y_train))
+    return publish_fake_model(s3_server.client(), elsewhere, version="v-theirs",
+                              onnx_bytes=onnx_bytes, accuracy=0.8, dataset_hash="d" * 64,
+                              dag_run_id="theirs")  # fmt: skip
+
+
+@pytest.mark.parametrize("field", ["onnx_uri", "manifest_uri", "uri"])
+def test_serving_loads_only_from_the_registry_whatever_an_event_names(s3_server, staged, field):
+    """An Asset event is anyone's to post: its ``extra`` chooses the version, never where the
+    model is read from. One naming a model in another bucket (with its own, consistent
+    manifest: the sha256 check alone would pass) is refused, naming the field."""
+    bucket, _, (x_train, y_train), _ = staged
+    s3 = s3_server.client()
+    ours = publish_fake_model(s3, bucket, version="v-ours",
+                              onnx_bytes=linear_onnx_model(*centroid_classifier(x_train, y_train)),
+                              accuracy=0.8, dataset_hash="d" * 64, dag_run_id="ours")  # fmt: skip
+    theirs = _attacker_model(s3_server, x_train, y_train)
+    event = {**ours, field: theirs[field]}
+    with pytest.raises(ModelIntegrityError, match=f"the asset event names {field} ") as err:
+        smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3, published=event)
+    assert "refusing to load a model from outside the registry" in str(err.value)
+    # The version an event names is served from the registry, whatever else it carries.
+    served = smoke_test_published_model(
+        f"s3://{bucket}", "mnist_cnn", client=s3, published={"version": "v-ours"}
+    )
+    assert served["version"] == "v-ours" and served["onnx_sha256"] == ours["onnx_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("claim", "says"),
+    [
+        ({"version": "../v-ours"}, "not a safe version name"),
+        ({"version": None}, "not a safe version name"),
+        ({"version": "v-ours", "model": "another_model"}, "names model 'another_model'"),
+    ],
+)
+def test_an_event_naming_no_registry_version_is_refused(s3_server, staged, claim, says):
+    bucket, _, _, _ = staged
+    with pytest.raises(ModelIntegrityError, match=says):
+        smoke_test_published_model(
+            f"s3://{bucket}", "mnist_cnn", client=s3_server.client(), published=claim
+        )
+
+
+def test_a_latest_json_pointing_outside_the_registry_is_refused(s3_server, staged):
+    """The same for ``latest.json``: a manual serving run, and the gate about to re-score the
+    champion on this run's data, refuse a record whose model lives elsewhere."""
+    bucket, info, (x_train, y_train), _ = staged
+    s3 = s3_server.client()
+    ours = publish_fake_model(s3, bucket, version="v-ours",
+                              onnx_bytes=linear_onnx_model(*centroid_classifier(x_train, y_train)),
+                              accuracy=0.8, dataset_hash="d" * 64, dag_run_id="ours")  # fmt: skip
+    theirs = _attacker_model(s3_server, x_train, y_train)
+    from horovod_airflow.trainer.contract import LATEST
+
+    forged = {k: v for k, v in {**ours, "onnx_uri": theirs["onnx_uri"]}.items() if k != "format"}
+    s3.put_object(Bucket=bucket, Key="models/mnist_cnn/latest.json", Body=LATEST.dumps(forged))
+    with pytest.raises(ModelIntegrityError, match=r"the latest\.json names onnx_uri"):
+        smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)
+    run = f"s3://{bucket}/runs/after-forgery"
+    with pytest.raises(ModelIntegrityError, match=r"the latest\.json names onnx_uri"):
+        gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
+                        metrics={"val_accuracy": 0.9, "output": run}, dataset=info,
+                        min_accuracy=0.5, max_regression=0.01, client=s3)  # fmt: skip
+    assert not storage.exists(f"{run}/gate.json", client=s3)  # no decision on a forged record
