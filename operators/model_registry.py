@@ -557,6 +557,42 @@ def run_version(dag_id: str, run_id: str, run_after: datetime | None = None) -> 
     return f"{run_after.astimezone(UTC).strftime('v%Y%m%dT%H%M%SZ')}-{digest}"
 
 
+_DUE = re.compile(r"^v(\d{8}T\d{6}Z)-")
+
+
+def check_forward(
+    current: dict[str, Any] | None, version: str, earlier: dict[str, Any] | None
+) -> None:
+    """Refuse (:class:`PublishRefusedError`) to move ``latest.json`` from ``current`` back to
+    ``version``: an older version than the one serving uses now.
+
+    Versions named by their runs (:func:`run_version`) carry when the run was due and are
+    ordered by it; for a version named otherwise, one whose files were copied
+    (``earlier``, its manifest) before ``current`` was published is older.
+    """
+    if current is None or current.get("version") == version:
+        return
+    now = str(current.get("version"))
+    mine, theirs = _DUE.match(version), _DUE.match(now)
+    if mine and theirs:
+        backwards = mine.group(1) < theirs.group(1)
+        why = f"its run was due at {mine.group(1)}, {now}'s at {theirs.group(1)}"
+    elif earlier is not None and current.get("published_at"):
+        backwards = str(earlier["published_at"]) < str(current["published_at"])
+        why = (
+            f"it was copied at {earlier['published_at']}, before {now} was published at "
+            f"{current['published_at']}"
+        )
+    else:
+        backwards = False
+    if backwards:
+        raise PublishRefusedError(
+            f"refusing to publish {version}: serving uses {now}, which is newer ({why}). "
+            "Publishing only moves forward: an older version is never published again over "
+            "a newer one"
+        )
+
+
 def _latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -> dict[str, Any]:
     """What ``latest.json`` says about a published version, all of it from its manifest."""
     return {
@@ -596,9 +632,17 @@ def publish_model(
     returns that document unchanged. ``latest.json`` is written only over the one the gate
     read (``gate["champion_etag"]``, :func:`write_latest`).
 
+    Publishing only moves forward (:func:`check_forward`): ``latest.json`` never moves to a
+    version older than the one it names (a cleared gate of an older run that passes against
+    a newer champion is refused here).
+    A version copied under another gate decision (the gate ran again after a
+    :class:`ChampionChangedError`) is copied again, so its manifest and summary record the
+    decision actually used.
+
     Returns the ``latest.json`` document. Raises :class:`PublishRefusedError` when the gate
-    or ONNX parity did not pass or ``version`` holds another run's model, and
-    :class:`ChampionChangedError` when another publish changed ``latest.json`` since the gate.
+    or ONNX parity did not pass, ``version`` holds another run's model or is older than the
+    champion, and :class:`ChampionChangedError` when another publish changed ``latest.json``
+    since the gate.
     """
     if not gate.get("passed"):
         raise PublishRefusedError(
@@ -621,18 +665,24 @@ def publish_model(
         log.info("%s %s is already published by this run: nothing to do", model_name, version)
         return current
 
+    earlier = None
     if storage.exists(manifest_uri, client=client):
-        manifest = VERSION_MANIFEST.loads(
+        earlier = VERSION_MANIFEST.loads(
             storage.read_text(manifest_uri, client=client), manifest_uri
         )
-        if manifest.get("dag_run_id") != dag_run_id or manifest.get("source_run") != run_output:
+        if earlier.get("dag_run_id") != dag_run_id or earlier.get("source_run") != run_output:
             raise PublishRefusedError(
                 f"refusing to publish: {prefix} already holds the model of run "
-                f"{manifest.get('dag_run_id')!r} ({manifest.get('source_run')}), not of "
+                f"{earlier.get('dag_run_id')!r} ({earlier.get('source_run')}), not of "
                 f"{dag_run_id!r} ({run_output})"
             )
+    check_forward(current, version, earlier)
+    if earlier is not None and earlier.get("gate") == gate:
         log.info("%s is complete from an earlier try: not copied again", prefix)
+        manifest = earlier
     else:
+        if earlier is not None:  # copied under another decision (the gate ran again since)
+            log.info("%s was copied under an earlier gate decision: recording this one", prefix)
         manifest = _copy_version(
             prefix=prefix,
             model_name=model_name,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
+from datetime import UTC, datetime
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
@@ -271,6 +273,74 @@ def test_a_publish_retried_after_the_version_was_copied_reuses_it(s3_server):
     assert latest["version"] == "v1-run"
     assert _objects(client, bucket, "models/mnist_cnn/v1-run/") == version_objects
     assert _versions(client, bucket) == {"v1-run"}
+
+
+def test_a_cleared_gate_of_an_older_run_cannot_move_serving_back(s3_server):
+    """Run A published, then run B (due later). A's gate and what follows are cleared: the
+    gate compares A with B and passes within max_regression, but publish refuses to move
+    latest.json back to A (no Asset event, latest.json untouched)."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run_a, onnx_a, parity_a = _fake_run(s3_server, bucket, 0.991)
+    run_b, onnx_b, parity_b = _fake_run(s3_server, bucket, 0.990)
+    v_a = run_version("retrain", "scheduled__a", datetime(2026, 12, 1, tzinfo=UTC))
+    v_b = run_version("retrain", "scheduled__b", datetime(2026, 12, 8, tzinfo=UTC))
+    _publish(s3_server, bucket, run_a, onnx_a, parity_a, v_a, dag_run_id="scheduled__a")
+    _publish(s3_server, bucket, run_b, onnx_b, parity_b, v_b, dag_run_id="scheduled__b")
+    before = _objects(client, bucket, "models/mnist_cnn/latest.json")
+
+    regate = _gate(s3_server, bucket, accuracy=0.991)  # A against B: passes
+    assert regate["passed"] and regate["champion_version"] == v_b
+    with pytest.raises(PublishRefusedError, match="Publishing only moves forward") as refused:
+        _publish(s3_server, bucket, run_a, onnx_a, parity_a, v_a, gate=regate,
+                 dag_run_id="scheduled__a")  # fmt: skip
+    assert f"serving uses {v_b}, which is newer" in str(refused.value)
+    assert isinstance(refused.value, AirflowFailException)
+    assert _objects(client, bucket, "models/mnist_cnn/latest.json") == before
+
+
+def test_a_version_named_by_hand_is_ordered_by_when_it_was_published(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run_a, onnx_a, parity_a = _fake_run(s3_server, bucket, 0.991)
+    run_b, onnx_b, parity_b = _fake_run(s3_server, bucket, 0.990)
+    _publish(s3_server, bucket, run_a, onnx_a, parity_a, "first", dag_run_id="a")
+    time.sleep(1.1)  # published_at has whole seconds
+    _publish(s3_server, bucket, run_b, onnx_b, parity_b, "second", dag_run_id="b")
+    with pytest.raises(PublishRefusedError, match=r"it was copied at .* before second"):
+        _publish(s3_server, bucket, run_a, onnx_a, parity_a, "first",
+                 gate=_gate(s3_server, bucket), dag_run_id="a")  # fmt: skip
+    assert read_champion(f"s3://{bucket}", "mnist_cnn", client=client)["version"] == "second"
+
+
+def test_a_publish_regated_after_the_champion_changed_records_the_new_decision(s3_server):
+    """A was gated against C and copied, but B won latest.json first (ChampionChangedError).
+    The gate runs again (A against B); A's publish then records that decision, not the first."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run_c, onnx_c, parity_c = _fake_run(s3_server, bucket, 0.980)
+    run_a, onnx_a, parity_a = _fake_run(s3_server, bucket, 0.995)
+    run_b, onnx_b, parity_b = _fake_run(s3_server, bucket, 0.990)
+    due = {k: datetime(2026, 12, d, tzinfo=UTC) for k, d in (("c", 1), ("b", 2), ("a", 3))}
+    ver = {k: run_version("retrain", f"run_{k}", t) for k, t in due.items()}
+    _publish(s3_server, bucket, run_c, onnx_c, parity_c, ver["c"], dag_run_id="run_c")
+    first = _gate(s3_server, bucket, accuracy=0.995)  # A against C
+    _publish(s3_server, bucket, run_b, onnx_b, parity_b, ver["b"], dag_run_id="run_b")
+    with pytest.raises(ChampionChangedError):
+        _publish(s3_server, bucket, run_a, onnx_a, parity_a, ver["a"], gate=first,
+                 dag_run_id="run_a")  # fmt: skip
+    manifest_uri = f"s3://{bucket}/models/mnist_cnn/{ver['a']}/manifest.json"
+    assert json.loads(storage.read_text(manifest_uri, client=client))["gate"] == first
+
+    second = _gate(s3_server, bucket, accuracy=0.995)  # A against B
+    assert second["champion_version"] == ver["b"] != first["champion_version"]
+    latest = _publish(s3_server, bucket, run_a, onnx_a, parity_a, ver["a"], gate=second,
+                      dag_run_id="run_a")  # fmt: skip
+    assert latest["version"] == ver["a"]
+    manifest = json.loads(storage.read_text(manifest_uri, client=client))
+    assert manifest["gate"] == second
+    summary = storage.read_text(manifest["files"]["summary.md"]["uri"], client=client)
+    assert ver["b"] in summary and ver["c"] not in summary
 
 
 def test_a_version_holding_another_runs_model_is_refused(s3_server):
