@@ -41,10 +41,10 @@ class HorovodConfigError(AirflowFailException, ValueError):
 
 
 class TrainingCompletedError(AirflowFailException):
-    """A later try of a run whose training already completed: it is neither resumed nor redone.
-
-    This is what a person's Clear of a successful train meets. The run's output holds the
-    finished model; trigger a new DAG run to train again.
+    """A later try found a completed training at its output that is not this task's (another
+    world size, dataset or setting, or an unreadable metrics.json): it is neither reused nor
+    overwritten. Trigger a new DAG run to train again (a completed training of this task is
+    returned instead, see ``HorovodTrainOperator``).
     """
 
 

@@ -35,6 +35,16 @@ if TYPE_CHECKING:
 XCOM_KEYS = ("val_accuracy", "val_loss", "val_samples", "epochs", "world_size")
 
 
+def _same_setting(recorded: Any, given: Any) -> bool:
+    """A recorded setting equals the one given, as the command line would pass it."""
+    if recorded == given:
+        return True
+    try:
+        return float(recorded) == float(given)
+    except (TypeError, ValueError):
+        return str(recorded) == str(given)
+
+
 class HorovodTrainOperator(HorovodJobOperatorBase):
     """Train with Horovod on ``num_proc`` ranks; return the metrics the program wrote.
 
@@ -56,10 +66,15 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     :param resume_on_retry: add ``--resume`` on a later try (``try_number > 1``) of a run
         whose training did not complete, so a failed try continues from its checkpoint.
 
-    A later try that finds ``<output>/metrics.json`` (the training of this run completed: a
-    person cleared a successful train) raises :class:`TrainingCompletedError` instead of
-    reusing or overwriting that model: trigger a new DAG run to train again. Settings that
-    are invalid once rendered raise :class:`HorovodConfigError`; both fail without retrying.
+    A later try that finds ``<output>/metrics.json`` returns that completed training instead
+    of training again, once it is shown to be this task's: its ``world_size``, dataset URI
+    and the settings of ``trainer_args`` (where metrics.json records them) equal this try's.
+    So a try whose job finished but whose clean-up, result read or XCom push failed (a
+    deleted job's 500, a lost worker) costs no second training, and a person's Clear of a
+    successful train returns the same model. A metrics.json that is not this task's (or not
+    readable as one) raises :class:`TrainingCompletedError`: it is neither reused nor
+    overwritten; trigger a new DAG run to train again. Settings that are invalid once
+    rendered raise :class:`HorovodConfigError`; both fail without retrying.
     :param controller: horovodrun's controller, ``"gloo"`` (default: what this project's
         Horovod builds have), ``"mpi"`` (a Horovod built with MPI; needed for Adasum) or
         ``"auto"`` (horovodrun probes the build and prefers MPI; the probe costs seconds).
@@ -142,7 +157,8 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
 
     def refuse_completed_training(self, try_number: int) -> None:
-        """On a later try, raise :class:`TrainingCompletedError` if metrics.json is there."""
+        """On a later try, raise :class:`TrainingCompletedError` if metrics.json is there
+        (``execute`` returns a completed training of this task before it builds a job)."""
         from horovod_airflow.trainer import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
@@ -152,6 +168,62 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
                 f"({metrics_uri} exists); it is neither resumed nor redone over that model. "
                 f"Trigger a new DAG run to train again (it gets its own output prefix)."
             )
+
+    def completed_result(self, context: Context) -> dict[str, Any] | None:
+        """On a later try: the result of this task's training that an earlier try completed,
+        or None when none did (then this try trains, resuming where allowed).
+
+        Raises :class:`TrainingCompletedError` when ``<output>/metrics.json`` exists but is
+        not this task's: unreadable, or recording another world size, dataset or setting.
+        """
+        from horovod_airflow.trainer import storage
+
+        ti = context.get("ti")
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        metrics_uri = storage.join(self.output_uri, METRICS_NAME)
+        if try_number <= 1 or not storage.exists(
+            metrics_uri, client=self.s3_client_for(metrics_uri)
+        ):
+            return None
+        try:
+            num_proc = as_int(self.num_proc, "num_proc", minimum=1)
+            metrics = METRICS.check(self.read_json(metrics_uri, METRICS_NAME), metrics_uri)
+        except (ValueError, HorovodTrainingError) as e:
+            raise TrainingCompletedError(
+                f"try {try_number}: {metrics_uri} exists but cannot be checked as this task's "
+                f"training ({e}); it is neither reused nor overwritten. Trigger a new DAG run."
+            ) from e
+        differ = self._differences(metrics, num_proc)
+        if differ:
+            raise TrainingCompletedError(
+                f"try {try_number}: {metrics_uri} holds a completed training that is not this "
+                f"task's ({'; '.join(differ)}); it is neither reused nor overwritten. "
+                f"Trigger a new DAG run to train again (it gets its own output prefix)."
+            )
+        self.log.info(
+            "try %d: an earlier try completed this training (%s): returning its result, "
+            "not training again",
+            try_number,
+            metrics_uri,
+        )
+        return self.collect_result()
+
+    def _differences(self, metrics: Mapping[str, Any], num_proc: int) -> list[str]:
+        """What ``metrics`` records that differs from this try's settings."""
+        differ = []
+        if metrics.get("world_size") not in (None, num_proc):
+            differ.append(f"world_size: recorded {metrics['world_size']}, now {num_proc}")
+        dataset = metrics.get("dataset")
+        if isinstance(dataset, Mapping) and dataset.get("uri") not in (None, self.data):
+            differ.append(f"dataset: recorded {dataset['uri']}, now {self.data}")
+        config = metrics.get("config")
+        if isinstance(config, Mapping) and isinstance(self.trainer_args, Mapping):
+            for key, value in self.trainer_args.items():
+                if value is None or value is False or key not in config:
+                    continue  # not passed on the command line, or not recorded
+                if not _same_setting(config[key], value):
+                    differ.append(f"{key}: recorded {config[key]!r}, now {value!r}")
+        return differ
 
     def _build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
         self.check_launcher_settings()
@@ -219,6 +291,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.start_clock()
+        done = self.completed_result(context)
+        if done is not None:
+            return done
         spec, hosts = self.build_spec(context)
         self.log.info(
             "launching %d ranks with %s: %s", spec.num_proc, self.launcher, shlex.join(spec.argv)

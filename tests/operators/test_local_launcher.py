@@ -17,6 +17,7 @@ from horovod_airflow.operators import (
     HorovodTimeoutError,
     HorovodTrainingError,
     HorovodTrainOperator,
+    TrainingCompletedError,
 )
 from horovod_airflow.operators.launchers.local import LocalOptions
 from tests.operators.helpers import PROGRAM, TaskLog, context, put_eval_set, with_launcher_options
@@ -77,6 +78,33 @@ def test_retry_passes_resume(s3_server, task_log):
     metrics = json.loads(s3.get_object(Bucket=bucket, Key="runs/retry/metrics.json")["Body"].read())
     assert metrics["resumed"] is True
     assert "started resume=True" in task_log.text
+
+
+def test_a_later_try_returns_the_training_an_earlier_try_completed(s3_server, task_log):
+    """Try 1's job finished and wrote metrics.json, then the task failed (its clean-up, the
+    result read or the XCom push). Try 2 returns that training's result and trains nothing;
+    a try with other settings is refused instead of reusing or overwriting it."""
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3, bucket, "eval")
+    output = f"s3://{bucket}/runs/done"
+    first = make_op(data, output).execute(context(try_number=1))
+    written = s3.head_object(Bucket=bucket, Key="runs/done/metrics.json")["ETag"]
+    launches = task_log.text.count("launching 2 ranks")
+
+    again = make_op(data, output).execute(context(try_number=2))
+    assert again == first
+    assert task_log.text.count("launching 2 ranks") == launches  # no second job
+    assert "an earlier try completed this training" in task_log.text
+    assert s3.head_object(Bucket=bucket, Key="runs/done/metrics.json")["ETag"] == written
+
+    with pytest.raises(TrainingCompletedError, match="world_size: recorded 2, now 1") as err:
+        make_op(data, output, num_proc=1).execute(context(try_number=3))
+    assert isinstance(err.value, AirflowFailException)
+    with pytest.raises(TrainingCompletedError, match="dataset: recorded"):
+        make_op(f"s3://{bucket}/other", output).execute(context(try_number=2))
+    with pytest.raises(TrainingCompletedError, match="epochs: recorded 1, now 5"):
+        make_op(data, output, trainer_args={"epochs": 5}).execute(context(try_number=2))
 
 
 def test_failing_rank_raises_training_error_with_log_tail(s3_server):

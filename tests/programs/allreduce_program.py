@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs,
             "world_size": size,
             "resumed": args.resume,
+            # what a retry checks before it reuses this training (HorovodTrainOperator)
+            "dataset": {"uri": args.data},
+            "config": {"epochs": args.epochs},
             "artifacts": {"metrics": storage.join(args.output, METRICS_NAME)},
         }
         storage.write_text(storage.join(args.output, METRICS_NAME), METRICS.dumps(metrics))
