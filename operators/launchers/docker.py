@@ -412,6 +412,7 @@ class DockerLauncher(Launcher):
         if keep and not holds_secrets:
             return  # kept for inspection: ``docker logs`` / ``docker inspect``
         from docker.errors import DockerException, NotFound
+        from requests.exceptions import RequestException
 
         if keep and log is not None:
             state: Any = "unknown"
@@ -428,8 +429,23 @@ class DockerLauncher(Launcher):
                 state,
             )
 
-        with contextlib.suppress(NotFound):  # already removed
+        try:
             self.client.remove_container(cid, force=True)
+        except NotFound:
+            pass  # already removed
+        except (DockerException, RequestException) as e:
+            # Never a task failure: after a success the work is done (and a retry would find
+            # it), after a failure that failure is what the task must report.
+            if log is not None:
+                log.warning(
+                    "could not remove container %s after the job %s: %s. Remove it by hand "
+                    "(docker rm -f %s)%s",
+                    cid[:12],
+                    "succeeded" if success else "failed",
+                    e,
+                    cid[:12],
+                    ": its environment holds credentials" if holds_secrets else "",
+                )
 
     def kill(self) -> None:
         with self._lock:

@@ -1542,7 +1542,23 @@ class KubernetesLauncher(Launcher):
         # says, it goes, or the retry would re-attach to it (the provider deletes too).
         stuck = status in ("not_started", "timeout")
         if stuck or self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
-            self.delete(ref)
+            try:
+                self.delete(ref)
+            except Exception as e:
+                # Never a task failure: after a success the work is done; after a failure
+                # that failure is what the task reports (a retry re-attaches or replaces).
+                log.warning(
+                    "could not delete %s %s/%s and its Secret after it ended (%s): %s. Delete "
+                    "them by hand (kubectl delete -n %s %s %s)",
+                    self.kind,
+                    ref["namespace"],
+                    ref["name"],
+                    status,
+                    e,
+                    ref["namespace"],
+                    self.flavour.job.plural,
+                    ref["name"],
+                )
         elif status == "error":
             # Its state is unknown (the API did not answer): it may still be running and
             # reading its Secret. Both stay; a retry re-attaches to it or replaces it.

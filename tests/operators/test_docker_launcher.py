@@ -250,6 +250,35 @@ def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, secrets, r
         assert any("holds credentials" in line for line in task_log.lines), task_log.lines
 
 
+class RemovalRefusedClient(FakeDockerClient):
+    """An engine that refuses the removal (409: removal already in progress)."""
+
+    def remove_container(self, cid: str, force=False) -> None:
+        from docker.errors import APIError
+
+        self.calls.append(("remove", force))
+        raise APIError("removal of container is already in progress",
+                       response=mock.Mock(status_code=409))  # fmt: skip
+
+
+@pytest.mark.parametrize("status", [0, 7])
+def test_a_refused_removal_is_a_warning_never_the_tasks_outcome(status):
+    """After a success the work is done: the job succeeds; after a failure, that failure
+    (not the removal's) is what the task reports."""
+    client = RemovalRefusedClient([b"done\n", b"Process name: 0\nExit code: 7\n"],
+                                  {"StatusCode": status})  # fmt: skip
+    task_log = LineLog()
+    job = launcher(client, cleanup="delete")
+    if status == 0:
+        assert job.run(spec(), task_log).exit_code == 0
+    else:
+        with pytest.raises(HorovodTrainingError, match="exited with code 7"):
+            job.run(spec(), task_log)
+    warned = [line for line in task_log.lines if "could not remove container" in line]
+    assert warned and "docker rm -f" in warned[0], task_log.lines
+    assert ("succeeded" if status == 0 else "failed") in warned[0]
+
+
 def test_timeout_stops_the_container():
     client = FakeDockerClient([b"slow\n"], requests.exceptions.ReadTimeout("read timed out"))
     with pytest.raises(HorovodTimeoutError) as err:

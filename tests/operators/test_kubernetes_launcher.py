@@ -410,6 +410,21 @@ def test_polling_success_creates_secret_surfaces_log_and_cleans_up():
     assert log.lines.count("[0]<stdout>:epoch 1") == 1  # followed, then caught up: once
 
 
+def test_a_delete_after_success_that_fails_is_a_warning_not_a_failure():
+    """The MPIJob succeeded, then its deletion got a 500 (the API server overloaded): the
+    job's work is done, so the task succeeds and the log says what to delete by hand."""
+
+    class Overloaded(FakeHook):
+        def delete_custom_object(self, *args: Any, **kw: Any) -> None:
+            raise ApiException(status=500, reason="Internal Server Error")
+
+    hook = Overloaded([RUNNING, SUCCEEDED], log_text="[0]<stdout>:done")
+    log = LineLog()
+    assert launcher(hook).run(spec(), log).exit_code == 0
+    warned = [line for line in log.lines if "could not delete MPIJob" in line]
+    assert warned and "kubectl delete -n ml mpijobs hvd-train-1234" in warned[0], log.lines
+
+
 def test_secret_holds_the_rank_env_and_is_owned_by_the_job():
     hook = FakeHook([RUNNING])
     launcher(hook).submit(spec(), LineLog())
