@@ -240,41 +240,81 @@ def published_or_latest(
     return in_registry(bucket_uri, model_name, champion, LATEST_NAME), LATEST_NAME
 
 
+#: How far the accuracy a published model serves may be from what its training reported on the
+#: same test samples: 0.2 points (ONNX and PyTorch round differently; a model that serves
+#: differently from how it was measured is not the model that passed the gate).
+SERVED_ACCURACY_TOLERANCE = 0.002
+
+
+class ServingCheckError(RuntimeError):
+    """The published model does not serve what its training reported."""
+
+
 def smoke_test_published_model(
     bucket_uri: str,
     model_name: str,
     *,
     client: Any | None = None,
-    sample_count: int = 8,
     published: dict[str, Any] | None = None,
+    tolerance: float = SERVED_ACCURACY_TOLERANCE,
 ) -> dict[str, Any]:
-    """Download a published model, check its sha256, predict a few digits.
+    """Check that a published model serves what its training reported.
 
-    ``published`` names the model (the ``extra`` of the Asset event that triggered the
-    serving run); None: the model ``latest.json`` names now (a manual run).
+    ``published`` names the version (the ``extra`` of the Asset event that triggered the
+    serving run); None: the version ``latest.json`` names now (a manual run). The model is
+    read from the registry and checked against its manifest's sha256
+    (:func:`open_published_model`); then it predicts the raw test images of the dataset its
+    manifest records (the first ``val_samples``, the ones the training evaluated), prepared
+    only by the preprocessing the model itself declares (:func:`predict`). That accuracy
+    must equal the training's reported ``val_accuracy`` within ``tolerance`` (a fraction),
+    or :class:`ServingCheckError` says both numbers.
     """
     published, source = published_or_latest(bucket_uri, model_name, published, client=client)
+    manifest_uri = published["manifest_uri"]
+    manifest = VERSION_MANIFEST.loads(storage.read_text(manifest_uri, client=client), manifest_uri)
+    recorded = manifest["metrics"].get("val_accuracy")
+    samples = manifest["metrics"].get("val_samples")
+    dataset_uri = manifest["dataset"].get("uri")
+    if recorded is None or not dataset_uri:
+        raise ServingCheckError(
+            f"{manifest_uri} records no val_accuracy or no dataset: the served accuracy cannot "
+            "be checked against the training's"
+        )
     with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
         actual = storage.sha256_file(Path(tmp) / ONNX_NAME)
-    images, labels = load_test_images(sample_count)
-    predictions = predict(session, images)
+        raw, labels = load_staged_test_split(dataset_uri, Path(tmp), client=client)
+    if samples:
+        raw, labels = raw[:samples], labels[:samples]
+    predictions = predict(session, raw)
     correct = int((predictions == labels).sum())
+    served = correct / len(labels)
     log.info(
-        "%s %s (from the %s): predictions %s, labels %s (%d/%d correct)",
+        "%s %s (from the %s) serves %.4f (%d/%d) on %s through its own preprocessing; its "
+        "training reported %.4f",
         model_name,
         published["version"],
         source,
-        predictions.tolist(),
-        labels.tolist(),
+        served,
         correct,
         len(labels),
+        dataset_uri,
+        recorded,
     )
+    if abs(served - float(recorded)) > tolerance:
+        raise ServingCheckError(
+            f"{model_name} {published['version']} serves accuracy {served:.4f} ({correct}/"
+            f"{len(labels)}) on the test split of {dataset_uri}, prepared by its own declared "
+            f"preprocessing, but its training reported {float(recorded):.4f} on the same samples "
+            f"(tolerance {tolerance}): it does not serve the model that passed the gate"
+        )
     return {
         "version": published["version"],
         "source": source,
         "onnx_sha256": actual,
-        "predictions": predictions.tolist(),
-        "labels": labels.tolist(),
+        "dataset_uri": dataset_uri,
+        "samples": len(labels),
         "correct": correct,
+        "served_accuracy": served,
+        "reported_accuracy": float(recorded),
     }

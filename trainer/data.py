@@ -152,6 +152,16 @@ def _read_idx(path: Path) -> torch.Tensor:
         return torch.from_numpy(layout.read_idx(path).copy())
 
 
+def load_raw_split(dataset: LocalDataset, split: str, limit: int = 0) -> tuple[Any, Any]:
+    """The split as stored: uint8 images [N, H, W] and labels [N] (numpy); first ``limit``.
+    What serving reads, before the preprocessing a model declares."""
+    images = layout.read_idx(dataset.files[(split, "images")])
+    labels = layout.read_idx(dataset.files[(split, "labels")])
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    return images, labels
+
+
 def load_split(
     dataset: LocalDataset, split: str, limit: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,8 +87,16 @@ def export_onnx(model: Any, path: Path, metadata: dict[str, str]) -> None:
     write_onnx(model, example, path, metadata, input_name=INPUT_NAME, output_name=OUTPUT_NAME)
 
 
-def parity(model: Any, onnx_path: Path, images: Any, labels: Any) -> dict[str, Any]:
-    """Compare onnxruntime with PyTorch float32 on ``images``; also run batch size 1."""
+def parity(
+    model: Any, onnx_path: Path, images: Any, labels: Any, served: Any = None
+) -> dict[str, Any]:
+    """Compare onnxruntime with PyTorch float32; also run batch size 1.
+
+    PyTorch gets ``images`` as the trainer prepared them; onnxruntime gets ``served`` (the
+    same samples, raw, prepared by the preprocessing the model declares: what serving feeds
+    it), or ``images`` when None. So a declared preprocessing that differs from the training's
+    fails parity here, before anything is published.
+    """
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -96,8 +104,9 @@ def parity(model: Any, onnx_path: Path, images: Any, labels: Any) -> dict[str, A
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     with torch.inference_mode():
         expected = model(images).float().numpy()
-    got = session.run([OUTPUT_NAME], {INPUT_NAME: images.numpy()})[0]
-    single = session.run([OUTPUT_NAME], {INPUT_NAME: images[:1].numpy()})[0]
+    fed = images.numpy() if served is None else np.asarray(served)
+    got = session.run([OUTPUT_NAME], {INPUT_NAME: fed})[0]
+    single = session.run([OUTPUT_NAME], {INPUT_NAME: fed[:1]})[0]
     diff = float(max(np.abs(got - expected).max(), np.abs(single - expected[:1]).max()))
     mismatches = int((got.argmax(1) != expected.argmax(1)).sum())
     return {
@@ -142,7 +151,8 @@ def run_export(
         extra = sorted(p.name for p in Path(tmp).iterdir() if p.name != ONNX_NAME)
         if extra:
             raise RuntimeError(f"ONNX export wrote side files {extra}; expected one file")
-        report = parity(model, path, images, labels)
+        raw, _ = data.load_raw_split(dataset, "test", samples)
+        report = parity(model, path, images, labels, contract.apply_preprocessing(pre, raw))
         report.update(
             checkpoint=checkpoint,
             dataset=dataset.uri,

@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from horovod_airflow.trainer import layout
+from horovod_airflow.operators.staging import stage_dataset
+from horovod_airflow.trainer import contract, layout
+from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,14 +42,16 @@ with DAG("fake_publisher", schedule=None, start_date=datetime(2026, 1, 1)) as da
     @task(outlets=[LATEST_MODEL])
     def publish(outlet_events=None):
         import boto3
+        import json
         import os
         from pathlib import Path
 
         s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+        measured = json.loads(os.environ["HVA_TEST_MEASURED"])  # what the model scores, where
         latest = publish_fake_model(
             s3, os.environ["HVA_BUCKET"], version="v-event",
-            onnx_bytes=Path(os.environ["HVA_TEST_ONNX"]).read_bytes(), accuracy=0.8,
-            dataset_hash="d" * 64, dag_run_id="producer",
+            onnx_bytes=Path(os.environ["HVA_TEST_ONNX"]).read_bytes(), dag_run_id="producer",
+            **measured,
         )
         outlet_events[LATEST_MODEL].extra = asset_event_extra(latest)
         return latest["version"]
@@ -109,6 +113,18 @@ def test_serving_uses_the_triggering_event_then_latest_for_a_manual_run(
     onnx_path = tmp_path / "model.onnx"
     onnx_path.write_bytes(linear_onnx_model(weights, bias))
     monkeypatch.setenv("HVA_TEST_ONNX", str(onnx_path))
+    # The dataset the model is measured on, staged to the bucket, and its true accuracy there
+    # (the serving check predicts the same test images and must find the same accuracy).
+    staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3)
+    images, labels = (
+        layout.read_idx(files[("test", "images")]),
+        layout.read_idx(files[("test", "labels")]),
+    )
+    x = contract.apply_preprocessing(preprocessing(), images).reshape(len(images), -1)
+    accuracy = float(((x @ weights + bias).argmax(axis=1) == labels).mean())
+    measured = {"accuracy": accuracy, "dataset_hash": staged["content_hash"],
+                "dataset_uri": staged["uri"], "val_samples": len(labels)}  # fmt: skip
+    monkeypatch.setenv("HVA_TEST_MEASURED", json.dumps(measured))
     folder = tmp_path / "bundle"
     folder.mkdir()
     (folder / "fake_publisher.py").write_text(textwrap.dedent(PRODUCER))
@@ -131,11 +147,12 @@ def test_serving_uses_the_triggering_event_then_latest_for_a_manual_run(
         event_ids = [e.id for e in events]
     assert set(extra) >= {"version", "onnx_uri", "onnx_sha256", "val_accuracy",
                           "dataset_content_hash"}  # fmt: skip
-    assert extra["dataset_content_hash"] == "d" * 64 and extra["val_accuracy"] == 0.8
+    assert extra["dataset_content_hash"] == staged["content_hash"]
+    assert extra["val_accuracy"] == accuracy
 
     # 2. Another publish moves latest.json on before serving runs.
     publish_fake_model(s3, bucket, version="v-later", onnx_bytes=onnx_path.read_bytes(),
-                       accuracy=0.8, dataset_hash="d" * 64, dag_run_id="later")  # fmt: skip
+                       dag_run_id="later", **measured)  # fmt: skip
 
     # 3. The asset-triggered serving run serves the event's version.
     serve = _load("dags.serve_latest_model").serve_dag
@@ -156,6 +173,7 @@ def test_serving_uses_the_triggering_event_then_latest_for_a_manual_run(
     served = _xcom(srun, "smoke_test_latest")
     assert served["version"] == "v-event" and served["source"] == "asset event"
     assert served["onnx_sha256"] == extra["onnx_sha256"]
+    assert served["served_accuracy"] == accuracy and served["samples"] == len(labels)
 
     # 4. A manual run has no event: it serves what latest.json names now.
     monkeypatch.setattr(dagrun_module, "get_or_create_dagrun", real_create)

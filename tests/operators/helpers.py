@@ -117,12 +117,17 @@ def publish_fake_model(
     accuracy: float,
     dataset_hash: str,
     dag_run_id: str,
+    dataset_uri: str | None = None,
+    val_samples: int | None = None,
 ) -> dict[str, Any]:
-    """A run's artifacts around a real ONNX file, published through the real registry."""
+    """A run's artifacts around a real ONNX file, published through the real registry.
+
+    ``dataset_uri`` (default: a made-up one under the bucket) and ``val_samples`` are what the
+    version records its accuracy was measured on: the serving check predicts there."""
     from horovod_airflow.operators.model_registry import decide_gate, publish_model, read_latest
 
     run = f"s3://{bucket}/runs/fake/{version}"
-    put_run_artifacts(s3, run, accuracy=accuracy, onnx_bytes=onnx_bytes)
+    put_run_artifacts(s3, run, accuracy=accuracy, onnx_bytes=onnx_bytes, val_samples=val_samples)
     champion, etag = read_latest(f"s3://{bucket}", "mnist_cnn", client=s3)
     gate = decide_gate(accuracy, min_accuracy=0.0, champion=champion, max_regression=1.0,
                        challenger_dataset_hash=dataset_hash, champion_rescored_accuracy=0.0,
@@ -130,7 +135,7 @@ def publish_fake_model(
     return publish_model(
         bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run,
         onnx_uri=f"{run}/onnx/model.onnx", parity_uri=f"{run}/onnx/parity.json",
-        dataset={"uri": f"s3://{bucket}/datasets/mnist/{dataset_hash[:16]}",
+        dataset={"uri": dataset_uri or f"s3://{bucket}/datasets/mnist/{dataset_hash[:16]}",
                  "content_hash": dataset_hash},
         gate=gate, dag_run_id=dag_run_id, version=version, client=s3,
     )  # fmt: skip
@@ -181,8 +186,43 @@ def dag_in_bundle(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, dag_id: str, s
     return module.dag
 
 
+def publish_centroid_model(
+    s3: Any,
+    bucket: str,
+    staged: dict[str, Any],
+    train: Any,
+    test: Any,
+    *,
+    version: str,
+    dag_run_id: str,
+    accuracy: float | None = None,
+) -> dict[str, Any]:
+    """A nearest-centroid ONNX model of ``train`` published as measured on the staged dataset
+    ``staged`` (``stage_dataset``'s result; ``test`` its test split as arrays): its recorded
+    accuracy is the true one, computed here in numpy, unless ``accuracy`` says otherwise."""
+    import numpy as np
+
+    from horovod_airflow.trainer import contract
+    from horovod_airflow.trainer.model import preprocessing
+
+    weights, bias = centroid_classifier(*train)
+    images, labels = test
+    x = contract.apply_preprocessing(preprocessing(), images).reshape(len(images), -1)
+    true = float(((x @ weights + bias).argmax(axis=1) == np.asarray(labels)).mean())
+    return publish_fake_model(
+        s3, bucket, version=version, onnx_bytes=linear_onnx_model(weights, bias),
+        accuracy=true if accuracy is None else accuracy, dataset_hash=staged["content_hash"],
+        dag_run_id=dag_run_id, dataset_uri=staged["uri"], val_samples=len(labels),
+    )  # fmt: skip
+
+
 def put_run_artifacts(
-    s3: Any, run: str, *, accuracy: float, onnx_bytes: bytes = b"onnx-bytes"
+    s3: Any,
+    run: str,
+    *,
+    accuracy: float,
+    onnx_bytes: bytes = b"onnx-bytes",
+    val_samples: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a finished train and export leave under ``run`` (contents opaque to the registry).
 
@@ -196,6 +236,8 @@ def put_run_artifacts(
     history = [{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": accuracy}]
     metrics = {"val_accuracy": accuracy, "val_loss": 0.4, "epochs": 1, "world_size": 1,
                "history": history}  # fmt: skip
+    if val_samples is not None:
+        metrics["val_samples"] = val_samples
     storage.write_text(f"{run}/metrics.json", METRICS.dumps(metrics), client=s3)
     storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
     parity = {"passed": True, "max_abs_diff": 0.0, "argmax_mismatches": 0, "samples": 10,

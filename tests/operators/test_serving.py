@@ -10,6 +10,7 @@ import pytest
 from horovod_airflow.operators.model_registry import gate_challenger, read_latest
 from horovod_airflow.operators.serving import (
     ModelIntegrityError,
+    ServingCheckError,
     published_from_events,
     score_published_model,
     smoke_test_published_model,
@@ -17,7 +18,12 @@ from horovod_airflow.operators.serving import (
 from horovod_airflow.operators.staging import stage_dataset
 from horovod_airflow.trainer import layout, storage
 from horovod_airflow.trainer.contract import GATE, PREPROCESSING_KEY, ContractError
-from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
+from tests.operators.helpers import (
+    centroid_classifier,
+    linear_onnx_model,
+    publish_centroid_model,
+    publish_fake_model,
+)
 
 
 @pytest.fixture
@@ -101,15 +107,15 @@ def test_score_refuses_a_model_whose_sha256_differs(s3_server, staged):
 
 
 def test_smoke_test_serves_the_event_version_not_latest(s3_server, staged):
-    bucket, _, (x_train, y_train), _ = staged
+    bucket, info, train, test = staged
     s3 = s3_server.client()
-    onnx_bytes = linear_onnx_model(*centroid_classifier(x_train, y_train))
-    event = publish_fake_model(s3, bucket, version="v-event", onnx_bytes=onnx_bytes,
-                               accuracy=0.8, dataset_hash="d" * 64, dag_run_id="a")  # fmt: skip
-    publish_fake_model(s3, bucket, version="v-later", onnx_bytes=onnx_bytes + b"",
-                       accuracy=0.8, dataset_hash="d" * 64, dag_run_id="b")  # fmt: skip
+    event = publish_centroid_model(s3, bucket, info, train, test, version="v-event",
+                                   dag_run_id="a")  # fmt: skip
+    publish_centroid_model(s3, bucket, info, train, test, version="v-later", dag_run_id="b")
     served = smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3, published=event)
     assert served["version"] == "v-event" and served["source"] == "asset event"
+    assert served["served_accuracy"] == event["val_accuracy"]  # the training's number, served
+    assert served["samples"] == len(test[1]) and served["dataset_uri"] == info["uri"]
     manual = smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)
     assert manual["version"] == "v-later" and manual["source"] == "latest.json"
 
@@ -176,12 +182,11 @@ def test_serving_loads_only_from_the_registry_whatever_an_event_names(s3_server,
     """An Asset event is anyone's to post: its ``extra`` chooses the version, never where the
     model is read from. One naming a model in another bucket (with its own, consistent
     manifest: the sha256 check alone would pass) is refused, naming the field."""
-    bucket, _, (x_train, y_train), _ = staged
+    bucket, info, train, test = staged
     s3 = s3_server.client()
-    ours = publish_fake_model(s3, bucket, version="v-ours",
-                              onnx_bytes=linear_onnx_model(*centroid_classifier(x_train, y_train)),
-                              accuracy=0.8, dataset_hash="d" * 64, dag_run_id="ours")  # fmt: skip
-    theirs = _attacker_model(s3_server, x_train, y_train)
+    ours = publish_centroid_model(s3, bucket, info, train, test, version="v-ours",
+                                  dag_run_id="ours")  # fmt: skip
+    theirs = _attacker_model(s3_server, *train)
     event = {**ours, field: theirs[field]}
     with pytest.raises(ModelIntegrityError, match=f"the asset event names {field} ") as err:
         smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3, published=event)
@@ -230,3 +235,33 @@ def test_a_latest_json_pointing_outside_the_registry_is_refused(s3_server, stage
                         metrics={"val_accuracy": 0.9, "output": run}, dataset=info,
                         min_accuracy=0.5, max_regression=0.01, client=s3)  # fmt: skip
     assert not storage.exists(f"{run}/gate.json", client=s3)  # no decision on a forged record
+
+
+@pytest.mark.parametrize(("recorded_off_by", "passes"), [(0.0, True), (0.001, True), (0.05, False)])
+def test_serving_fails_unless_it_serves_the_accuracy_training_reported(
+    s3_server, staged, recorded_off_by, passes
+):
+    """The check predicts the raw test images of the recorded dataset through the model's own
+    preprocessing; a model serving other than its training reported (beyond 0.2 points) fails
+    the serving run, naming both numbers."""
+    bucket, info, train, test = staged
+    s3 = s3_server.client()
+    true = publish_centroid_model(s3, bucket, info, train, test, version="v-true",
+                                  dag_run_id="true")["val_accuracy"]  # fmt: skip
+    published = publish_centroid_model(
+        s3,
+        bucket,
+        info,
+        train,
+        test,
+        version="v-claimed",
+        dag_run_id="claimed",
+        accuracy=true + recorded_off_by,
+    )
+    if passes:
+        served = smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)
+        assert served["version"] == "v-claimed" and served["served_accuracy"] == true
+    else:
+        with pytest.raises(ServingCheckError, match=f"serves accuracy {true:.4f}") as err:
+            smoke_test_published_model(f"s3://{bucket}", "mnist_cnn", client=s3)
+        assert f"its training reported {published['val_accuracy']:.4f}" in str(err.value)

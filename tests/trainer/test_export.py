@@ -92,3 +92,32 @@ def test_export_of_missing_checkpoint_fails_clearly(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert "nope.pt does not exist" in proc.stderr
+
+
+def test_parity_feeds_onnx_what_serving_feeds_it(tiny_run: Run, tmp_path: Path) -> None:
+    """onnxruntime gets the raw test images prepared by the model's declared preprocessing
+    (what serving does); PyTorch gets the trainer's own input. A declared preprocessing that
+    differs from the training's fails parity, so it is caught before publishing."""
+    from horovod_airflow.trainer import contract, data
+    from horovod_airflow.trainer.export import export_onnx, parity
+    from horovod_airflow.trainer.model import build_model
+    from horovod_airflow.trainer.train import load_checkpoint
+
+    state = load_checkpoint(str(tiny_run.output / "checkpoint.pt"))
+    model = build_model(state["config"]["model"])
+    model.load_state_dict(state["model"])
+    model = model.float().eval()
+    dataset = data.fetch_dataset(state["dataset"]["uri"], str(tiny_run.cache))
+    images, labels = data.load_split(dataset, "test", 100)
+    raw, raw_labels = data.load_raw_split(dataset, "test", 100)
+    assert (raw_labels == labels.numpy()).all()
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path, contract.preprocessing_metadata(preprocessing()))
+
+    declared = parity(
+        model, path, images, labels, contract.apply_preprocessing(preprocessing(), raw)
+    )
+    assert declared["passed"] is True, declared
+    wrong = {**preprocessing(), "std": [1.0]}  # a model that says it wants another scaling
+    refused = parity(model, path, images, labels, contract.apply_preprocessing(wrong, raw))
+    assert refused["passed"] is False and refused["max_abs_diff"] > refused["tolerance"]
