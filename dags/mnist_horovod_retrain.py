@@ -52,14 +52,19 @@ from horovod_airflow.operators import (
 from horovod_airflow.operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
+    DATASET_SOURCE_PATTERN,
+    DATASET_SOURCES,
     DEFAULT_LAUNCHER,
     DEFAULT_NUM_PROC,
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
+    MAX_REGRESSION_CEILING,
+    MIN_ACCURACY_FLOOR,
     MODEL_NAME,
     RUN_TIMEOUT,
     TASK_TIMEOUT,
     TRAINER_JOB,
+    gate_param,
 )
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
@@ -89,19 +94,14 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
         "lr": Param(None, **trainer_param_schema("lr", nullable=True)),
         "max_train_samples": Param(None, **trainer_param_schema("max_train_samples",
                                                                 nullable=True)),
-        "min_accuracy": Param(0.98, type="number", minimum=0, maximum=1,
-                              title="Minimum accuracy",
-                              description="Gate floor: allreduced validation accuracy (0-1)."),
-        "max_regression": Param(0.005, type="number", minimum=0, maximum=1,
-                                title="Allowed regression",
-                                description="Gate: how much worse than the published model "
-                                            "a new one may be (accuracy fraction)."),
+        "min_accuracy": Param(**gate_param("min_accuracy", 0.98)),
+        "max_regression": Param(**gate_param("max_regression", 0.005)),
         "launcher": Param(DEFAULT_LAUNCHER, type="string",
                           enum=["local", "docker", "kubernetes"], title="Launcher",
                           description="Where ranks run: local horovodrun, one GPU container, "
                                       "or a Kubeflow MPIJob."),
         "dataset_source": Param("vendored", type="string", minLength=1, title="Dataset",
-                                pattern=r"^(vendored|s3://[a-z0-9.\-]{3,63}(/.*)?|/.+)$",
+                                pattern=DATASET_SOURCE_PATTERN,
                                 description="'vendored' (the bundled real MNIST), an s3:// "
                                             "prefix, or an absolute local folder of "
                                             "MNIST-format IDX files."),
@@ -113,6 +113,7 @@ def mnist_horovod_retrain() -> None:
         source="{{ params.dataset_source }}",
         bucket_uri=BUCKET_URI,
         dataset_name="mnist",
+        allowed_sources=DATASET_SOURCES,
         aws_conn_id=AWS_CONN_ID,
     )
 
@@ -139,6 +140,8 @@ def mnist_horovod_retrain() -> None:
         dataset=stage.output,
         min_accuracy="{{ params.min_accuracy }}",
         max_regression="{{ params.max_regression }}",
+        min_accuracy_floor=MIN_ACCURACY_FLOOR,
+        max_regression_ceiling=MAX_REGRESSION_CEILING,
         aws_conn_id=AWS_CONN_ID,
     )
 

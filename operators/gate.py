@@ -73,6 +73,11 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         MNIST
         scorer; None: no re-scoring, so a champion measured on other data fails the gate.
         A model whose dataset never changes (same content hash) is never re-scored.
+    :param min_accuracy_floor: the deployment's floor: a rendered ``min_accuracy`` below it
+        fails the task without retry, naming both (whoever may trigger a run may not lower
+        the bar below the deployment's). Default 0: none.
+    :param max_regression_ceiling: the same for ``max_regression``: a rendered value above it
+        fails the task. Default 1: none.
     :param ignore_downstream_trigger_rules: as in ``ShortCircuitOperator``: True (default)
         skips every downstream task; False skips the direct ones and lets the others'
         trigger rules decide.
@@ -104,9 +109,13 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         aws_conn_id: str | None = "aws_default",
         ignore_downstream_trigger_rules: bool = True,
         champion_scorer: str | Callable[..., dict[str, Any]] | None = DEFAULT_CHAMPION_SCORER,
+        min_accuracy_floor: float = 0.0,
+        max_regression_ceiling: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.min_accuracy_floor = as_fraction(min_accuracy_floor, "min_accuracy_floor")
+        self.max_regression_ceiling = as_fraction(max_regression_ceiling, "max_regression_ceiling")
         if not isinstance(champion_scorer, str) or champion_scorer.count(":") != 1:
             # a callable or None passes; a bad value raises. A path is imported in execute.
             resolve_champion_scorer(champion_scorer)
@@ -120,6 +129,7 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         for field, value in (("min_accuracy", min_accuracy), ("max_regression", max_regression)):
             if not is_templated(value):
                 as_fraction(value, field)
+        self._check_bounds(min_accuracy, max_regression)
         self.bucket_uri = bucket_uri
         self.model_name = model_name
         self.metrics = metrics
@@ -151,7 +161,7 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
 
     def _rendered_settings(self) -> dict[str, Any]:
         """The rendered fields, validated, as :func:`gate_challenger`'s keyword arguments."""
-        return {
+        settings = {
             "bucket_uri": check_uri(self.bucket_uri, "bucket_uri"),
             "model_name": check_name(self.model_name, "model_name"),
             "metrics": dict(as_mapping(self.metrics, "metrics", (self.metric_key, "output"))),
@@ -159,6 +169,24 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
             "min_accuracy": as_fraction(self.min_accuracy, "min_accuracy"),
             "max_regression": as_fraction(self.max_regression, "max_regression"),
         }
+        self._check_bounds(settings["min_accuracy"], settings["max_regression"])
+        return settings
+
+    def _check_bounds(self, min_accuracy: Any, max_regression: Any) -> None:
+        """ValueError when a (literal or rendered) setting passes the deployment's bound."""
+        if not is_templated(min_accuracy) and float(min_accuracy) < self.min_accuracy_floor:
+            raise ValueError(
+                f"min_accuracy {min_accuracy} is below this deployment's floor "
+                f"{self.min_accuracy_floor} (min_accuracy_floor): a run may raise the bar, "
+                "not lower it"
+            )
+        if not is_templated(max_regression) and float(max_regression) > (
+            self.max_regression_ceiling
+        ):
+            raise ValueError(
+                f"max_regression {max_regression} is above this deployment's ceiling "
+                f"{self.max_regression_ceiling} (max_regression_ceiling)"
+            )
 
     def skip_downstream(self, context: Context) -> None:
         """Skip what follows, as ``ShortCircuitOperator.execute`` does on a falsy condition."""

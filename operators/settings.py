@@ -15,6 +15,13 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_JOB_TIMEOUT_MINUTES`` | ``360`` | deadline of each Horovod job task (train, export) |
 | ``HVA_TASK_TIMEOUT_MINUTES`` | ``30`` | deadline of every other task (stage, gate, publish) |
 | ``HVA_RUN_TIMEOUT_MINUTES`` | ``720`` | ``dagrun_timeout`` of the shipped DAGs |
+| ``HVA_MIN_ACCURACY_FLOOR`` | ``0`` | the lowest ``min_accuracy`` a run may ask the gate for |
+| ``HVA_MAX_REGRESSION_CEILING`` | ``1`` | the highest ``max_regression`` a run may ask for |
+| ``HVA_DATASET_SOURCES`` | unset: any | the sources a run may stage: values or ``.../`` prefixes |
+
+The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators
+(a conf past them fails the task without retry): whoever may trigger a run may not lower the
+deployment's bar or stage from elsewhere. ``.env.example`` (the compose stack) sets them.
 
 A task's deadline is its ``execution_timeout``; a job task's is also the launchers' deadline
 and the MPIJob/TrainJob ``activeDeadlineSeconds``. The run's keeps a hung run from holding
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
@@ -47,6 +55,18 @@ def minutes(name: str, default: int) -> timedelta:
     return timedelta(minutes=value)
 
 
+def fraction(name: str, default: float) -> float:
+    """``$name`` as a fraction in [0, 1]; ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}={raw!r}: expected a fraction from 0 to 1; default {default}")
+    return value
+
+
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
 BUCKET_URI = f"s3://{BUCKET}"
@@ -61,6 +81,12 @@ DOCKER_NETWORK = os.environ.get("HVA_DOCKER_NETWORK") or None
 JOB_TIMEOUT = minutes("HVA_JOB_TIMEOUT_MINUTES", 360)
 TASK_TIMEOUT = minutes("HVA_TASK_TIMEOUT_MINUTES", 30)
 RUN_TIMEOUT = minutes("HVA_RUN_TIMEOUT_MINUTES", 720)
+#: What a run's conf may not go past (the trigger form's bounds, and the operators').
+MIN_ACCURACY_FLOOR = fraction("HVA_MIN_ACCURACY_FLOOR", 0.0)
+MAX_REGRESSION_CEILING = fraction("HVA_MAX_REGRESSION_CEILING", 1.0)
+DATASET_SOURCES = tuple(
+    s.strip() for s in os.environ.get("HVA_DATASET_SOURCES", "").split(",") if s.strip()
+)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
@@ -75,3 +101,39 @@ TRAINER_JOB: HorovodJobSettings = {
     "gpus_per_proc": GPUS_PER_PROC,
     "docker": DockerOptions(network_mode=DOCKER_NETWORK),
 }
+
+
+_GATE_PARAMS = {
+    "min_accuracy": ("Minimum accuracy", "Gate floor: allreduced validation accuracy (0-1)."),
+    "max_regression": (
+        "Allowed regression",
+        "Gate: how much worse than the published model a new one may be (accuracy fraction).",
+    ),
+}
+
+
+def gate_param(name: str, default: float) -> dict[str, Any]:
+    """``Param(**gate_param("min_accuracy", 0.98))``: a gate setting's Param, bounded by this
+    deployment (``min_accuracy`` from HVA_MIN_ACCURACY_FLOOR up, ``max_regression`` up to
+    HVA_MAX_REGRESSION_CEILING), its default moved inside the bounds."""
+    title, description = _GATE_PARAMS[name]
+    low, high = (
+        (MIN_ACCURACY_FLOOR, 1.0) if name == "min_accuracy" else (0.0, MAX_REGRESSION_CEILING)
+    )
+    bounded = ""
+    if (low, high) != (0.0, 1.0):
+        bounded = f" This deployment allows {low} to {high}."
+    return {
+        "default": min(max(default, low), high),
+        "type": "number",
+        "minimum": low,
+        "maximum": high,
+        "title": title,
+        "description": description + bounded,
+    }
+
+
+#: The trigger form's dataset_source: 'vendored', an s3:// prefix or an absolute path, one
+#: line (the lookahead refuses a newline anywhere: JSON Schema's ``$`` in Python's re also
+#: matches before a trailing one, so "vendored\n" would pass the form and fail later).
+DATASET_SOURCE_PATTERN = r"^(?![\s\S]*[\r\n])(vendored|s3://[a-z0-9.\-]{3,63}(/.*)?|/.+)$"

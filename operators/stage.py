@@ -23,6 +23,22 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
+def check_allowed_source(source: str, allowed: Sequence[str]) -> str:
+    """``source`` if ``allowed`` is empty or holds it (an exact value, or a prefix ending in
+    ``/`` that it starts with, ``..`` segments refused), else ValueError naming both."""
+    if not allowed:
+        return source
+    if "/../" in f"{source}/" or any(c in source for c in "\n\r\x00"):
+        raise ValueError(f"source {source!r} is not a plain URI or path")
+    for entry in allowed:
+        if source == entry or (entry.endswith("/") and source.startswith(entry)):
+            return source
+    raise ValueError(
+        f"source {source!r} is not one this deployment allows; allowed: {', '.join(allowed)} "
+        "(exact values, or prefixes ending in '/')"
+    )
+
+
 class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
     """Stage a dataset at ``<bucket_uri>/datasets/<dataset_name>/<hash16>/``: MNIST-format
     IDX files, or any files (``files=``, a content-addressed file set).
@@ -48,6 +64,10 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         sha256 per
         file, and the content hash naming the prefix) and the XCom holds ``files`` (the
         staged names) instead of ``splits``. None (default): the MNIST-format IDX files.
+    :param allowed_sources: the sources this deployment lets a run stage from: exact values
+        (``"vendored"``) or prefixes ending in ``/`` (``"s3://datasets-bucket/mnist/"``,
+        ``"/data/"``). A rendered ``source`` outside them fails the task without retry,
+        naming both, before anything is read. None or empty (default): any source.
     """
 
     template_fields: Sequence[str] = ("source", "bucket_uri", "dataset_name")
@@ -61,9 +81,18 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         dataset_name: str,
         aws_conn_id: str | None = "aws_default",
         files: Sequence[str] | None = None,
+        allowed_sources: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if isinstance(allowed_sources, str) or not all(
+            isinstance(a, str) and a for a in (allowed_sources or ())
+        ):
+            raise ValueError(
+                f"allowed_sources must be a list of sources or prefixes ending in '/', "
+                f"got {allowed_sources!r}"
+            )
+        self.allowed_sources = tuple(allowed_sources or ())
         if files is not None:
             files = check_patterns(files)
             if source == "vendored":
@@ -91,6 +120,7 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
                 raise ValueError("source rendered empty: use 'vendored' for the bundled MNIST")
             bucket_uri = check_uri(self.bucket_uri, "bucket_uri")
             name = check_name(self.dataset_name, "dataset_name")
+            check_allowed_source(source, self.allowed_sources)
         except ValueError as e:
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
         client = self.s3_client_for(source, bucket_uri)

@@ -21,8 +21,9 @@
 #     reservation (no NVIDIA CDI here) and its ulimits (memlock -1 exceeds the hard limit here,
 #     and setting any ulimit drops podman's default nofile/nproc).
 #   - The settings file is generated once ($HVA_STACK_STATE/stack.env, from .env.example):
-#     random secrets, CPU training (HVA_GPUS_PER_PROC=0, 2 ranks), the podman API socket as the
-#     Docker socket (group root, as the Airflow user's group is 0).
+#     random secrets, CPU training (HVA_GPUS_PER_PROC=0, 2 ranks) with the bar of short CPU
+#     runs (floor 0.9, any regression), the podman API socket as the Docker socket (group
+#     root, as the Airflow user's group is 0).
 #   - podman 4.3 runs no health checks by itself and podman-compose ignores `service_healthy`
 #     on it: `up` starts the services stage by stage and runs each health check itself.
 #   - MinIO is moto's S3 server behind a `minio` command: it checks no credentials and enforces
@@ -94,6 +95,9 @@ write_envfile() {
         DOCKER_SOCKET) value=${DOCKER_HOST#unix://} ;;
         HVA_NUM_PROC) value=2 ;;
         HVA_GPUS_PER_PROC) value=0 ;;
+        # the sandbox's short CPU runs: a low bar, and any regression (each run publishes)
+        HVA_MIN_ACCURACY_FLOOR) value=0.9 ;;
+        HVA_MAX_REGRESSION_CEILING) value=1 ;;
         HOROVOD_BUILD_CUDA_CC_LIST) value=${HOROVOD_BUILD_CUDA_CC_LIST:-$value} ;;
         HVA_DOCKER_NETWORK) value=$project ;;
       esac

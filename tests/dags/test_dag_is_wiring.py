@@ -22,8 +22,11 @@ FORBIDDEN_MODULES = (
     "airflow.providers", "airflow.hooks",
 )  # fmt: skip
 #: What module-level code may call: the DAG's constants and its decorator, and the schema
-#: lookup of a trainer option (a declaration read from the trainer, not a decision).
-MODULE_CALLS = {"Asset", "Param", "datetime", "timedelta", "dag", "trainer_param_schema"}
+#: lookups of a trainer option and of a gate setting's deployment bounds (declarations read
+#: from the trainer and the settings, not decisions).
+MODULE_CALLS = {
+    "Asset", "Param", "datetime", "timedelta", "dag", "trainer_param_schema", "gate_param",
+}  # fmt: skip
 #: What a DAG file may take from the Task SDK (no @task bodies, no context reads).
 SDK_NAMES = {"Asset", "Param", "dag", "DAG"}
 

@@ -115,6 +115,42 @@ def test_bad_conf_is_rejected_by_the_form(conf, bad):
         params.validate()
 
 
+@pytest.mark.parametrize(
+    ("conf", "bad"),
+    [
+        ({"min_accuracy": 0.5}, "min_accuracy"),  # below the deployment's floor
+        ({"max_regression": 1.0}, "max_regression"),  # above its ceiling
+        ({"dataset_source": "vendored\n"}, "dataset_source"),  # a trailing newline
+        ({"dataset_source": "s3://bucket/x\ny"}, "dataset_source"),
+    ],
+)
+def test_the_deployments_floors_bind_the_form(monkeypatch, conf, bad):
+    """HVA_MIN_ACCURACY_FLOOR / HVA_MAX_REGRESSION_CEILING are the form's bounds (its defaults
+    stay inside them), and the gate and staging tasks get the same bounds."""
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    monkeypatch.setenv("HVA_MIN_ACCURACY_FLOOR", "0.99")
+    monkeypatch.setenv("HVA_MAX_REGRESSION_CEILING", "0.002")
+    monkeypatch.setenv("HVA_DATASET_SOURCES", "vendored,s3://bucket/")
+    try:
+        mod = _load_dag("floors")
+        params = ParamsDict(mod.retrain_dag.params)
+        params.validate()  # the defaults: inside the bounds (0.98 -> 0.99, 0.005 -> 0.002)
+        assert params["min_accuracy"] == 0.99 and params["max_regression"] == 0.002
+        with pytest.raises(ParamValidationError, match=f"param {bad}"):
+            for k, v in conf.items():
+                params[k] = v
+            params.validate()
+        gate = mod.retrain_dag.get_task("gate")
+        assert (gate.min_accuracy_floor, gate.max_regression_ceiling) == (0.99, 0.002)
+        stage = mod.retrain_dag.get_task("stage_dataset")
+        assert stage.allowed_sources == ("vendored", "s3://bucket/")
+    finally:
+        monkeypatch.undo()
+        _load_dag("floors")  # the settings without the floors again, for the next tests
+
+
 def test_bad_conf_is_rejected_by_the_airflow_cli(airflow_db):
     """`airflow dags test` (the real CLI) refuses a conf that violates a Param."""
     proc = subprocess.run(

@@ -269,3 +269,31 @@ def test_a_store_that_does_not_answer_while_rescoring_fails_the_gate_to_be_retri
             op.execute({})
     assert proxy.answered, "the re-scoring never reached the store"
     assert not storage.exists(f"{run}/gate.json", client=client)  # no decision was made
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"min_accuracy": 0.5}, "min_accuracy 0.5 is below this deployment's floor 0.9"),
+        ({"max_regression": 0.5}, "max_regression 0.5 is above this deployment's ceiling 0.02"),
+    ],
+)
+def test_a_run_cannot_lower_the_deployments_bar(s3_server, settings, message):
+    """Floors bind what a trigger may ask for: rendered past them, the gate fails without a
+    retry and records no decision."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("gate")
+    run = f"s3://{bucket}/runs/lowered"
+    op = gate_op(
+        bucket_uri=f"s3://{bucket}", metrics={"val_accuracy": 0.99, "output": run},
+        min_accuracy="{{ params.min_accuracy }}", max_regression="{{ params.max_regression }}",
+        min_accuracy_floor=0.9, max_regression_ceiling=0.02, aws_conn_id=None,
+    )  # fmt: skip
+    ctx = {"params": {"min_accuracy": 0.95, "max_regression": 0.01, **settings}}
+    op.render_template_fields(ctx)
+    with pytest.raises(HorovodConfigError, match=message) as err:
+        op.execute(ctx)
+    assert isinstance(err.value, AirflowFailException)
+    assert not storage.exists(f"{run}/gate.json", client=client)
+    with pytest.raises(ValueError, match="below this deployment's floor"):
+        gate_op(min_accuracy=0.5, min_accuracy_floor=0.9)  # a literal: at parse time

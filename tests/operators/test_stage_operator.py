@@ -59,3 +59,36 @@ def test_stages_through_the_connection_and_a_retry_uploads_nothing(
     # The operator returns exactly what the staging function returns.
     direct = stage_dataset(str(mnist_subset), f"s3://{bucket}", name="digits", client=client)
     assert direct == again
+
+
+@pytest.mark.parametrize(
+    ("source", "allowed"),
+    [
+        ("vendored", True),
+        ("s3://datasets/mnist/2026-12", True),
+        ("s3://datasets/mnist-other/x", False),  # a prefix ends in '/': no sibling matches
+        ("s3://attacker-bucket/mnist", False),
+        ("/etc", False),
+        ("s3://datasets/mnist/../secrets", False),
+    ],
+)
+def test_a_run_stages_only_from_the_deployments_sources(tmp_path, source, allowed):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from horovod_airflow.operators import HorovodConfigError
+    from horovod_airflow.operators.stage import check_allowed_source
+
+    permitted = ["vendored", "s3://datasets/mnist/"]
+    if allowed:
+        assert check_allowed_source(source, permitted) == source
+        return
+    op = StageDatasetOperator(task_id="stage", source="{{ params.src }}", bucket_uri=str(tmp_path),
+                              dataset_name="mnist", aws_conn_id=None,
+                              allowed_sources=permitted)  # fmt: skip
+    ctx = {"params": {"src": source}}
+    op.render_template_fields(ctx)
+    refusal = r"not one this deployment allows|not a plain"
+    with pytest.raises(HorovodConfigError, match=refusal) as e:
+        op.execute(ctx)
+    assert isinstance(e.value, AirflowFailException)
+    assert list(tmp_path.iterdir()) == []  # nothing staged, nothing read

@@ -51,9 +51,12 @@ from horovod_airflow.operators.settings import (
     AWS_CONN_ID,
     BUCKET_URI,
     DEFAULT_LAUNCHER,
+    MAX_REGRESSION_CEILING,
+    MIN_ACCURACY_FLOOR,
     RUN_TIMEOUT,
     TASK_TIMEOUT,
     TRAINER_JOB,
+    gate_param,
 )
 
 LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
@@ -79,13 +82,8 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
                           description="Horovod ranks (processes)."),
         "epochs": Param(12, type="integer", minimum=1, maximum=200, title="Epochs",
                         description="Training epochs."),
-        "min_accuracy": Param(0.6, type="number", minimum=0, maximum=1,
-                              title="Minimum accuracy",
-                              description="Gate floor: allreduced test accuracy (0-1)."),
-        "max_regression": Param(0.02, type="number", minimum=0, maximum=1,
-                                title="Allowed regression",
-                                description="Gate: how much worse than the published model "
-                                            "a new one may be (accuracy fraction)."),
+        "min_accuracy": Param(**gate_param("min_accuracy", 0.6)),
+        "max_regression": Param(**gate_param("max_regression", 0.02)),
         "launcher": Param(DEFAULT_LAUNCHER, type="string",
                           enum=["local", "docker", "kubernetes"], title="Launcher",
                           description="Where ranks run (docker/kubernetes: an image holding "
@@ -122,6 +120,8 @@ def waveforms_horovod_retrain() -> None:
         min_accuracy="{{ params.min_accuracy }}",
         max_regression="{{ params.max_regression }}",
         champion_scorer=CHAMPION_SCORER,
+        min_accuracy_floor=MIN_ACCURACY_FLOOR,
+        max_regression_ceiling=MAX_REGRESSION_CEILING,
         aws_conn_id=AWS_CONN_ID,
     )
 
