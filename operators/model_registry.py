@@ -23,6 +23,7 @@ Runs in the Airflow worker; needs no torch (re-scoring uses onnxruntime).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -139,6 +140,78 @@ def read_champion(bucket_uri: str, model_name: str, *, client: Any | None = None
     return read_latest(bucket_uri, model_name, client=client)[0]
 
 
+#: (endpoint, bucket) whose conditional writes were probed and held, this process.
+_CAS_CHECKED: set[tuple[str, str]] = set()
+
+
+class ConditionalWritesUnsupportedError(PublishRefusedError):
+    """The S3 server does not honour If-None-Match / If-Match: two publishers could both
+    "win" latest.json, so this registry refuses to publish there."""
+
+
+def check_conditional_writes(s3: Any, bucket: str, prefix_uri: str) -> None:
+    """Probe, once per endpoint and bucket, that the server refuses what a compare-and-swap
+    of ``latest.json`` relies on it to refuse; raise
+    :class:`ConditionalWritesUnsupportedError` naming what it accepted instead.
+
+    Under ``<prefix>/.cas-probe/<uuid>``: a create with ``If-None-Match: *`` succeeds, the
+    same create again is refused (412); a write with ``If-Match`` and a wrong ETag is refused
+    (412); ``If-Match`` on a missing key is refused (404 NoSuchKey as AWS and moto answer, or
+    412 as SeaweedFS does: a 200 is not a refusal). The probe objects are deleted. Shows the
+    server honours the headers; that it does so atomically is the race test's to show.
+    """
+    import uuid
+
+    from botocore.exceptions import ClientError
+
+    endpoint = storage.endpoint_of(s3)
+    if (endpoint, bucket) in _CAS_CHECKED:
+        return
+    base = storage.parse(storage.join(prefix_uri, ".cas-probe", uuid.uuid4().hex)).key
+    created, missing = f"{base}/created", f"{base}/missing"
+
+    def refused(**kwargs: Any) -> str | None:
+        """The error code of a refused put, None if the server accepted it."""
+        try:
+            s3.put_object(Bucket=bucket, Body=b"probe", **kwargs)
+        except ClientError as e:
+            return str(e.response.get("Error", {}).get("Code"))
+        return None
+
+    accepted: list[str] = []
+    try:
+        with storage.s3_errors(
+            "PutObject (conditional-write probe)", f"s3://{bucket}/{created}", s3
+        ):
+            s3.put_object(Bucket=bucket, Key=created, Body=b"probe", IfNoneMatch="*")
+        if refused(Key=created, IfNoneMatch="*") not in ("PreconditionFailed", "412"):
+            accepted.append("a second create with If-None-Match: * (it must answer 412)")
+        if refused(Key=created, IfMatch='"0123456789abcdef0123456789abcdef"') not in (
+            "PreconditionFailed",
+            "412",
+        ):
+            accepted.append("a write with If-Match of a wrong ETag (it must answer 412)")
+        if refused(Key=missing, IfMatch='"0123456789abcdef0123456789abcdef"') not in (
+            "PreconditionFailed",
+            "412",
+            "NoSuchKey",
+            "404",
+        ):
+            accepted.append("a write with If-Match on a missing key (it must answer 404/412)")
+    finally:
+        for key in (created, missing):
+            with contextlib.suppress(ClientError):
+                s3.delete_object(Bucket=bucket, Key=key)
+    if accepted:
+        raise ConditionalWritesUnsupportedError(
+            f"refusing to publish to s3://{bucket} at {endpoint}: the server does not honour "
+            f"conditional writes, so two publishers could both replace latest.json. It "
+            f"accepted {'; and '.join(accepted)}. Use a server that supports If-None-Match / "
+            f"If-Match on PutObject (AWS S3, SeaweedFS, a current MinIO)"
+        )
+    _CAS_CHECKED.add((endpoint, bucket))
+
+
 def write_latest(
     bucket_uri: str,
     model_name: str,
@@ -172,6 +245,7 @@ def write_latest(
     from botocore.exceptions import ClientError
 
     s3 = client if client is not None else storage.s3_client()
+    check_conditional_writes(s3, loc.bucket, storage.join(models_prefix(bucket_uri, model_name)))
     condition = {"IfMatch": expected_etag} if expected_etag else {"IfNoneMatch": "*"}
     try:
         s3.put_object(
@@ -659,6 +733,10 @@ def publish_model(
         raise PublishRefusedError(f"refusing to publish: {e}") from e
     prefix = storage.join(models_prefix(bucket_uri, model_name), version)
     manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
+    registry = storage.parse(bucket_uri)
+    if registry.is_s3:  # before anything is copied: latest.json must be writable safely
+        s3 = client if client is not None else storage.s3_client()
+        check_conditional_writes(s3, registry.bucket, models_prefix(bucket_uri, model_name))
 
     current, _ = read_latest(bucket_uri, model_name, client=client)
     if current and current.get("version") == version and current.get("dag_run_id") == dag_run_id:

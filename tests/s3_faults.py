@@ -27,8 +27,12 @@ class FaultyS3:
 
 
 @contextlib.contextmanager
-def faulty_s3(upstream: str, rule: Rule) -> Iterator[FaultyS3]:
-    """Serve a proxy to ``upstream`` (``http://host:port``) on 127.0.0.1 applying ``rule``."""
+def faulty_s3(
+    upstream: str, rule: Rule, *, drop_headers: tuple[str, ...] = ()
+) -> Iterator[FaultyS3]:
+    """Serve a proxy to ``upstream`` (``http://host:port``) on 127.0.0.1 applying ``rule``;
+    ``drop_headers`` are removed from every forwarded request (a server that ignores them:
+    ``("If-Match", "If-None-Match")`` plays one without conditional writes)."""
     target = urlsplit(upstream)
     state = FaultyS3(endpoint="")
 
@@ -58,7 +62,8 @@ def faulty_s3(upstream: str, rule: Rule) -> Iterator[FaultyS3]:
                     self.wfile.write(xml)
                 return
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            dropped = {"connection", *(h.lower() for h in drop_headers)}
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
             conn.request(self.command, self.path, body=body or None, headers=headers)
             response = conn.getresponse()
             data = response.read()

@@ -481,3 +481,47 @@ def test_a_legacy_latest_json_is_read_and_a_new_publish_replaces_it(s3_server):
     run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
     latest = _publish(s3_server, bucket, run, onnx, parity, "v1")
     assert latest["format"] == LATEST.format and latest["version"] == "v1"
+
+
+def test_publish_probes_conditional_writes_and_leaves_no_probe(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("registry")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    _publish(s3_server, bucket, run, onnx, parity, "v1")
+    assert not [k for k in _objects(client, bucket) if ".cas-probe" in k]
+    assert _versions(client, bucket) == {"v1"}
+
+
+def test_a_server_that_ignores_conditional_writes_is_refused(s3_server):
+    """A server that drops If-None-Match / If-Match (older MinIO, some gateways) would let two
+    publishers both replace latest.json: the probe finds out and the publish is refused,
+    naming what the server accepted; latest.json is not written."""
+    import boto3
+
+    from horovod_airflow.operators.model_registry import ConditionalWritesUnsupportedError
+    from tests.s3_faults import faulty_s3
+
+    bucket = s3_server.new_bucket("no-cas")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.991)
+    with faulty_s3(s3_server.endpoint, lambda m, p: None,
+                   drop_headers=("If-Match", "If-None-Match")) as proxy:  # fmt: skip
+        careless = boto3.client(
+            "s3", endpoint_url=proxy.endpoint, region_name="us-east-1",
+            aws_access_key_id="k", aws_secret_access_key="s",
+        )  # fmt: skip
+        with pytest.raises(ConditionalWritesUnsupportedError) as refused:
+            publish_model(
+                bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run,
+                onnx_uri=onnx, parity_uri=parity,
+                dataset={"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"},
+                gate=_gate(s3_server, bucket), dag_run_id="manual__1", client=careless,
+                version="v1",
+            )  # fmt: skip
+    message = str(refused.value)
+    assert "does not honour conditional writes" in message
+    assert "a second create with If-None-Match: *" in message
+    assert "If-Match of a wrong ETag" in message and "If-Match on a missing key" in message
+    assert isinstance(refused.value, AirflowFailException)
+    client = s3_server.client()
+    assert "models/mnist_cnn/latest.json" not in _objects(client, bucket)
+    assert _versions(client, bucket) == set()  # refused before anything was copied
