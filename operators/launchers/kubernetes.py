@@ -1132,6 +1132,8 @@ class KubernetesLauncher(Launcher):
         self.cleanup = options.cleanup
         self._hook = hook
         self._ref: dict[str, str] | None = None
+        self._claimed: dict[str, str] | None = None  # the names submit() creates
+        self._killed = False  # kill() ran while submit() was creating the job
 
     @property
     def hook(self) -> Any:
@@ -1193,6 +1195,9 @@ class KubernetesLauncher(Launcher):
         ns = self.namespace
         ref = {"name": spec.name, "namespace": ns}
         kind = self.kind
+        # What kill() deletes while this try has no job yet: the names are deterministic, so
+        # a kill between here and _ref still reaches whatever the create makes.
+        self._claimed = ref
         existing = self.find(ref)
         if existing is not None:
             phase, message = self.flavour.phase(existing)
@@ -1245,6 +1250,10 @@ class KubernetesLauncher(Launcher):
             self.abandon(spec, ns, log)
             raise HorovodLaunchError(f"cannot create {kind} {spec.name!r} in {ns!r}: {e}") from e
         self._ref = ref
+        if self._killed:  # on_kill ran during the create: what it made must not stay
+            self._ref = None
+            self.delete(ref)
+            raise HorovodLaunchError(f"the task was killed while {kind} {spec.name!r} was created")
         uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
         if uid:
             self.own(spec, ns, uid, log)
@@ -1298,9 +1307,11 @@ class KubernetesLauncher(Launcher):
                 log.warning("could not make the %s own its %s: %s", self.kind, resource.kind, e)
 
     def abandon(self, spec: JobSpec, namespace: str, log: Any) -> None:
-        """After a failed create: nothing of the job may stay without it."""
+        """After a failed create: nothing of the job may stay, the job included (a create
+        whose response timed out may have been accepted: its pods would wait on a deleted
+        Secret until the startup timeout)."""
         ref = {"name": spec.name, "namespace": namespace}
-        for resource in self.flavour.dependents:
+        for resource in (self.flavour.job, *self.flavour.dependents):
             try:
                 self.delete_dependent(resource, ref)
             except Exception as cleanup_error:
@@ -1633,6 +1644,9 @@ class KubernetesLauncher(Launcher):
                 raise
 
     def kill(self) -> None:
+        if self._claimed is not None and self._ref is None:
+            self._killed = True  # during submit: it must not leave what it creates next
         ref, self._ref = self._ref, None
+        ref = ref or self._claimed  # killed during submit: delete what it may have made
         if ref is not None:
             self.delete(ref)

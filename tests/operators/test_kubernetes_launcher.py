@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from horovod_airflow.operators import (
     HorovodExportOperator,
+    HorovodLaunchError,
     HorovodTimeoutError,
     HorovodTrainingError,
     HorovodTrainOperator,
@@ -423,6 +424,43 @@ def test_a_delete_after_success_that_fails_is_a_warning_not_a_failure():
     assert launcher(hook).run(spec(), log).exit_code == 0
     warned = [line for line in log.lines if "could not delete MPIJob" in line]
     assert warned and "kubectl delete -n ml mpijobs hvd-train-1234" in warned[0], log.lines
+
+
+def test_a_create_whose_answer_timed_out_leaves_no_job_behind():
+    """The API server accepted the MPIJob but its answer never came (a read timeout): the
+    try fails, and deletes the job it may have made with its Secret, instead of leaving pods
+    waiting on a deleted Secret until the startup timeout."""
+    import urllib3
+
+    class AcceptedThenTimedOut(FakeHook):
+        def create_custom_object(self, *args: Any, **kw: Any) -> Any:
+            super().create_custom_object(*args, **kw)
+            raise urllib3.exceptions.ReadTimeoutError(None, "/apis", "read timed out")
+
+    hook = AcceptedThenTimedOut([RUNNING])
+    with pytest.raises(HorovodLaunchError, match="cannot create MPIJob 'hvd-train-1234'"):
+        launcher(hook).submit(spec(), LineLog())
+    assert hook.objects == {} and hook.deleted == ["hvd-train-1234"]
+    assert hook.core_v1_client.secrets == {}
+
+
+def test_a_kill_during_submit_leaves_no_job_or_secret():
+    """on_kill arrives while the create is in flight (before the launcher holds a reference to
+    the job): the Secret goes at once, the job as soon as the create returns."""
+    job = None
+
+    class KilledMidCreate(FakeHook):
+        def create_custom_object(self, *args: Any, **kw: Any) -> Any:
+            assert job is not None
+            job.kill()  # the task's on_kill, from another thread, mid-request
+            return super().create_custom_object(*args, **kw)
+
+    hook = KilledMidCreate([RUNNING])
+    job = launcher(hook)
+    with pytest.raises(HorovodLaunchError, match="killed while MPIJob 'hvd-train-1234'"):
+        job.submit(spec(), LineLog())
+    assert hook.objects == {} and "hvd-train-1234" in hook.deleted
+    assert hook.core_v1_client.secrets == {}
 
 
 def test_secret_holds_the_rank_env_and_is_owned_by_the_job():
