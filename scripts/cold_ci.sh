@@ -85,9 +85,21 @@ set +e
 rc=${PIPESTATUS[0]}
 set -e
 took=$(( $(date +%s) - start ))
+main_rc=0 main_took=0
+if [ "$main_job" = 1 ]; then  # the README's other command, as written, in the same clone
+  start=$(date +%s)
+  set +e
+  (cd "$repo" && env "${env_args[@]}" scripts/run_pipeline.sh </dev/null) 2>&1 | tee "$work/main-job.log"
+  main_rc=${PIPESTATUS[0]}
+  set -e
+  main_took=$(( $(date +%s) - start ))
+fi
 
 {
   echo "cold_ci: .ci/run exited $rc after $((took / 60)) min $((took % 60)) s"
+  if [ "$main_job" = 1 ]; then
+    echo "cold_ci: scripts/run_pipeline.sh exited $main_rc after $((main_took / 60)) min $((main_took % 60)) s"
+  fi
   grep -E '^test: (step times|prebuild steps)|compose_stack: built|^=+ .*(passed|failed|error).* =+$' "$log" || true
 } >&2
 if [ -n "$caches" ]; then  # the podman API service of that state folder ends with the run
