@@ -194,11 +194,13 @@ def refusals_not_retried() -> Iterator[None]:
     except HorovodTrainingError as e:
         code = failed_exit_code(e)
         if code in NO_RETRY_EXIT_CODES and not isinstance(e, HorovodRefusedError):
-            raise HorovodRefusedError(
+            refused = HorovodRefusedError(
                 f"{e.args[0] if e.args else e}\n(exit code {code}: the program refused its "
                 f"inputs or settings; a retry would meet the same refusal, so none is made)",
                 exit_code=e.exit_code,
-            ) from e
+            )  # the message already holds the output's tail: not added twice
+            refused.log_tail = list(e.log_tail)
+            raise refused from e
         raise
 
 

@@ -34,6 +34,7 @@
 #   HVA_STACK_PROJECT      compose project name, also the stack's network (horovod-airflow)
 #   HVA_STACK_AIRFLOW_PORT host port of the Airflow UI / REST API, 127.0.0.1 (28080)
 #   HVA_STACK_S3_PORT      host port of the S3 API, 127.0.0.1 (29000)
+#   HVA_STACK_S3_CONSOLE_PORT  host port of the object store's console (HVA_STACK_S3_PORT + 1)
 #   HVA_STACK_REBUILD      1: rebuild the trainer and Airflow images even when their inputs match
 #   HOROVOD_BUILD_CUDA_CC_LIST  passed to the trainer build (.env.example's default: 80,90)
 # Needs root (rootful podman). Exit 2: this machine cannot run the engine.
@@ -90,7 +91,7 @@ write_envfile() {
           MINIO_ROOT_PASSWORD | HVA_S3_SECRET_KEY) value=$(secret) ;;
         AIRFLOW_PORT) value=${HVA_STACK_AIRFLOW_PORT:-28080} ;;
         MINIO_API_PORT) value=${HVA_STACK_S3_PORT:-29000} ;;
-        MINIO_CONSOLE_PORT) value=$(( ${HVA_STACK_S3_PORT:-29000} + 1 )) ;;
+        MINIO_CONSOLE_PORT) value=${HVA_STACK_S3_CONSOLE_PORT:-$(( ${HVA_STACK_S3_PORT:-29000} + 1 ))} ;;
         DOCKER_GID) value=0 ;;
         DOCKER_SOCKET) value=${DOCKER_HOST#unix://} ;;
         HVA_NUM_PROC) value=2 ;;

@@ -138,6 +138,10 @@ def test_a_rank_that_refuses_fails_the_task_without_retry(s3_server, code):
     assert isinstance(err.value, HorovodTrainingError)  # still what a caller catches today
     assert f"exit code {code}: the program refused" in str(err.value)
     assert "failing on purpose" in str(err.value)  # the rank's own lines lead
+    assert any("failing on purpose" in line for line in err.value.log_tail)  # kept for callers
+    assert str(err.value).count("failing on purpose") == str(err.value.__cause__).count(
+        "failing on purpose"
+    )  # the tail is not repeated
 
 
 def _job_processes(marker: str) -> list[psutil.Process]:

@@ -91,6 +91,8 @@ def stack(
         "HVA_STACK_PROJECT": PROJECT,
         "HVA_STACK_AIRFLOW_PORT": str(free_port()),
         "HVA_STACK_S3_PORT": str(free_port()),
+        # its own free port, not S3's + 1: that one may be taken (a shuffled run found it so)
+        "HVA_STACK_S3_CONSOLE_PORT": str(free_port()),
         # A variable of the caller's shell that the compose file also reads: the settings
         # file must win (other tests in the session leave HVA_BUCKET set).
         "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",
