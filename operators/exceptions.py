@@ -52,6 +52,12 @@ class HorovodLaunchError(HorovodOperatorError):
     """The launcher could not start the job (horovodrun missing, engine or API error)."""
 
 
+class HorovodImageError(HorovodLaunchError):
+    """The job's image cannot be pulled: the engine or the kubelet said it does not exist or
+    may not be read (its name, tag or registry login is wrong). The retry policy
+    (:mod:`horovod_airflow.operators.retry`) does not retry it."""
+
+
 class HorovodTrainingError(HorovodOperatorError):
     """The job started and exited non-zero, or finished without the promised outputs."""
 

@@ -29,6 +29,7 @@ from horovod_airflow.operators.model_registry import (
     gate_challenger,
     resolve_champion_scorer,
 )
+from horovod_airflow.operators.retry import with_retry_policy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -113,7 +114,7 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         max_regression_ceiling: float = 1.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**with_retry_policy(kwargs))
         self.min_accuracy_floor = as_fraction(min_accuracy_floor, "min_accuracy_floor")
         self.max_regression_ceiling = as_fraction(max_regression_ceiling, "max_regression_ceiling")
         if not isinstance(champion_scorer, str) or champion_scorer.count(":") != 1:

@@ -30,6 +30,7 @@ from horovod_airflow.operators.launchers.base import JobSpec, Launcher, failed_e
 from horovod_airflow.operators.launchers.docker import DockerOptions
 from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
 from horovod_airflow.operators.launchers.local import LocalOptions
+from horovod_airflow.operators.retry import with_retry_policy
 from horovod_airflow.trainer.contract import NO_RETRY_EXIT_CODES
 
 if TYPE_CHECKING:
@@ -281,7 +282,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             moved = moved_setting(name)
             if moved is not None:
                 raise ValueError(moved)
-        super().__init__(**kwargs)
+        super().__init__(**with_retry_policy(kwargs))
         given = {"local": local, "docker": docker, "kubernetes": kubernetes}
         for name, value in given.items():
             cls = LAUNCHER_OPTIONS[name]

@@ -24,6 +24,7 @@ from horovod_airflow.operators.job import (
     is_templated,
 )
 from horovod_airflow.operators.model_registry import asset_event_extra, publish_model, run_version
+from horovod_airflow.operators.retry import with_retry_policy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -91,7 +92,7 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
         aws_conn_id: str | None = "aws_default",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**with_retry_policy(kwargs))
         check_uri(bucket_uri, "bucket_uri")
         if not is_templated(model_name):
             check_name(model_name, "model_name")

@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import HorovodConfigError
 from horovod_airflow.operators.job import check_name, check_uri, is_templated
+from horovod_airflow.operators.retry import with_retry_policy
 from horovod_airflow.operators.staging import stage_dataset, stage_files
 from horovod_airflow.trainer.fileset import check_patterns
 
@@ -84,7 +85,7 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         allowed_sources: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**with_retry_policy(kwargs))
         if isinstance(allowed_sources, str) or not all(
             isinstance(a, str) and a for a in (allowed_sources or ())
         ):

@@ -22,6 +22,7 @@ from typing import Any
 
 from horovod_airflow.operators.command import stash_secrets_script
 from horovod_airflow.operators.exceptions import (
+    HorovodImageError,
     HorovodLaunchError,
     HorovodTimeoutError,
     HorovodTrainingError,
@@ -372,13 +373,15 @@ class DockerLauncher(Launcher):
                 if not isinstance(event, dict):
                     continue
                 if event.get("error"):
-                    raise HorovodLaunchError(f"cannot pull image {self.image!r}: {event['error']}")
+                    raise HorovodImageError(f"cannot pull image {self.image!r}: {event['error']}")
                 status = str(event.get("status", ""))
                 if status and status != last and "progress" not in event:
                     log.info("pull %s: %s", self.image, status)
                     last = status
             client.inspect_image(self.image)  # the pull must have produced the image
-        except DockerException as e:
+        except (ImageNotFound, NotFound) as e:  # no such image, or the login may not read it
+            raise HorovodImageError(f"cannot pull image {self.image!r}: {e}") from e
+        except DockerException as e:  # the engine or the registry failed: a retry may cure it
             raise HorovodLaunchError(f"cannot pull image {self.image!r}: {e}") from e
         log.info("pulled %s", self.image)
 

@@ -36,6 +36,7 @@ from horovod_airflow.operators.command import (
 )
 from horovod_airflow.operators.exceptions import (
     HorovodConfigError,
+    HorovodImageError,
     HorovodLaunchError,
     HorovodTimeoutError,
     HorovodTrainingError,
@@ -68,6 +69,10 @@ START_FAILURES = frozenset(
         "CreateContainerError",
         "RunContainerError",
     }
+)
+#: The START_FAILURES that mean the image cannot be pulled (no retry cures them).
+IMAGE_FAILURES = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
 API_RETRIES = 5
 API_BACKOFF_S = 1.0
@@ -1589,7 +1594,13 @@ class KubernetesLauncher(Launcher):
         if success:
             return JobResult(exit_code=0, log_tail=out.tail())
         if status == "not_started":
-            raise HorovodLaunchError(
+            message = str(event.get("message") or "")
+            error = (
+                HorovodImageError
+                if any(f": {reason}" in message for reason in IMAGE_FAILURES)
+                else HorovodLaunchError
+            )
+            raise error(
                 f"{self.kind} {ref['namespace']}/{ref['name']} did not start (deleted): "
                 f"{event.get('message')}",
                 log_tail=out.tail(),
