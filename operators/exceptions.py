@@ -58,6 +58,12 @@ class HorovodImageError(HorovodLaunchError):
     (:mod:`horovod_airflow.operators.retry`) does not retry it."""
 
 
+class JobNotOursError(HorovodLaunchError, AirflowFailException):
+    """A job with this task instance's name runs, but it is not the one its tries started (the
+    task state store recorded another id or uid): it is neither re-attached to nor deleted.
+    Remove it (or find who re-created it), then clear the task."""
+
+
 class HorovodTrainingError(HorovodOperatorError):
     """The job started and exited non-zero, or finished without the promised outputs."""
 

@@ -26,7 +26,12 @@ from horovod_airflow.operators.exceptions import (
     HorovodTimeoutError,
     HorovodTrainingError,
 )
-from horovod_airflow.operators.launchers.base import JobSpec, Launcher, failed_exit_code
+from horovod_airflow.operators.launchers.base import (
+    JobJournal,
+    JobSpec,
+    Launcher,
+    failed_exit_code,
+)
 from horovod_airflow.operators.launchers.docker import DockerOptions
 from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
 from horovod_airflow.operators.launchers.local import LocalOptions
@@ -430,6 +435,10 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         """Preflight, then run (or, for a deferrable MPIJob, submit and defer) with the
         deadline ``execution_timeout`` leaves."""
         launcher = self.make_launcher(hosts)
+        ti = context.get("ti")
+        launcher.journal = JobJournal(
+            context.get("task_state_store"), int(getattr(ti, "try_number", 1) or 1), self.log
+        )
         self._running = launcher
         try:
             if self.preflight:

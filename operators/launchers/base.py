@@ -114,10 +114,79 @@ def describe_failure(
     return message
 
 
+#: The key under which a try records the job it started in Airflow's task state store.
+JOB_STATE_KEY = "horovod_job"
+
+
+class JobJournal:
+    """The job a try started, recorded for the next try of the same task instance.
+
+    Airflow 3.3's task state store (``context["task_state_store"]``) outlives a worker killed
+    mid-job, so a new try knows exactly which job its predecessor started (the container id,
+    the MPIJob's uid, the local job's marker) and re-attaches to that one only. Without a store
+    (``None``: a launcher used on its own) nothing is recorded and nothing was.
+    """
+
+    def __init__(self, store: Any = None, try_number: int = 1, log: Any = None) -> None:
+        self.store = store
+        self.try_number = try_number
+        self.log = log
+        recorded = None
+        if store is not None:
+            try:
+                recorded = store.get(JOB_STATE_KEY)
+            except Exception as e:  # a store that cannot be read: the labels decide alone
+                self._warn("could not read the task state store (%s): %s", JOB_STATE_KEY, e)
+        self.recorded = dict(recorded) if isinstance(recorded, dict) else None
+
+    def recorded_by(self, launcher: str) -> dict[str, Any] | None:
+        """What an earlier try of ``launcher`` recorded (None: nothing, or another launcher's)."""
+        if self.recorded is None or self.recorded.get("launcher") != launcher:
+            return None
+        return self.recorded
+
+    def record(self, launcher: str, **identity: Any) -> None:
+        """Record the job this try started. A store that refuses is a warning: the job runs,
+        and the next try falls back to the job's name and labels."""
+        if self.store is None:
+            return
+        doc = {"launcher": launcher, **identity, "try_number": self.try_number}
+        try:
+            self.store.set(JOB_STATE_KEY, doc)
+        except Exception as e:
+            self._warn("could not record the job in the task state store: %s", e)
+            return
+        self.recorded = doc
+
+    def _warn(self, message: str, *args: Any) -> None:
+        if self.log is not None:
+            self.log.warning(message, *args)
+
+
+def made_by_this_task(found_id: str, found_try: Any, recorded: Mapping[str, Any] | None) -> bool:
+    """Whether a job found under this task instance's (deterministic) name is the one its tries
+    started: the one recorded (same id or uid), or one a later try made and died before
+    recording. Anything else with that name (re-created by a person or a controller, or a
+    leftover of an earlier try than the recorded one) is not re-attached to."""
+    if recorded is None:
+        return True  # nothing recorded: the name and labels are all there is
+    if recorded.get("id") == found_id:
+        return True
+    try:
+        return int(found_try) > int(recorded.get("try_number", 0))
+    except (TypeError, ValueError):
+        return False
+
+
 class Launcher(abc.ABC):
-    """Runs a :class:`JobSpec`; one launcher instance runs one job."""
+    """Runs a :class:`JobSpec`; one launcher instance runs one job.
+
+    ``journal`` records the job a try starts in Airflow's task state store and says what an
+    earlier try recorded (set by the operator; a launcher used on its own records nothing).
+    """
 
     name: str = "base"
+    journal: JobJournal = JobJournal()
 
     def preflight(self, spec: JobSpec, log: Any) -> None:  # noqa: B027
         """Refuse early (``HorovodPreflightError``) when the job cannot start; default: no-op."""

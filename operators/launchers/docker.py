@@ -26,6 +26,7 @@ from horovod_airflow.operators.exceptions import (
     HorovodLaunchError,
     HorovodTimeoutError,
     HorovodTrainingError,
+    JobNotOursError,
 )
 from horovod_airflow.operators.launchers.base import (
     JOB_LABEL,
@@ -34,6 +35,7 @@ from horovod_airflow.operators.launchers.base import (
     Launcher,
     LogTail,
     describe_failure,
+    made_by_this_task,
 )
 
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
@@ -308,6 +310,18 @@ class DockerLauncher(Launcher):
             state = self._state(spec.name)
             if state is not None:
                 made_by = f"try {state['labels'].get('try_number', '?')}"
+                recorded = self.journal.recorded_by(self.name)
+                if state["running"] and not made_by_this_task(
+                    state["id"], state["labels"].get("try_number"), recorded
+                ):
+                    assert recorded is not None
+                    raise JobNotOursError(
+                        f"container {spec.name} ({state['id'][:12]}, made by {made_by}) is "
+                        f"running, but try {recorded.get('try_number')} of this task instance "
+                        f"started {str(recorded.get('id'))[:12]} (task state store): it is "
+                        f"not re-attached to, nor removed. Remove it (docker rm -f "
+                        f"{spec.name}), then clear the task"
+                    )
                 if state["running"]:
                     log.info(
                         "container %s (%s) of this task instance (made by %s) is still "
@@ -331,6 +345,8 @@ class DockerLauncher(Launcher):
                     continue
                 raise
             log.info("created container %s (%s) from %s", spec.name, cid[:12], self.image)
+            # Before it starts: a worker that dies from here on leaves a recorded container.
+            self.journal.record(self.name, name=spec.name, id=cid)
             return cid, False
         raise AssertionError("unreachable")  # pragma: no cover
 

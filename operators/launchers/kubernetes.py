@@ -40,6 +40,7 @@ from horovod_airflow.operators.exceptions import (
     HorovodLaunchError,
     HorovodTimeoutError,
     HorovodTrainingError,
+    JobNotOursError,
 )
 from horovod_airflow.operators.launchers.base import (
     JOB_LABEL,
@@ -48,6 +49,7 @@ from horovod_airflow.operators.launchers.base import (
     Launcher,
     LogTail,
     describe_failure,
+    made_by_this_task,
 )
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
@@ -1207,8 +1209,21 @@ class KubernetesLauncher(Launcher):
         if existing is not None:
             phase, message = self.flavour.phase(existing)
             meta = existing.get("metadata") or {}
-            made_by = f"try {(meta.get('labels') or {}).get('try_number', '?')}"
-            if phase == "running" and not meta.get("deletionTimestamp"):
+            found_try = (meta.get("labels") or {}).get("try_number")
+            made_by = f"try {found_try or '?'}"
+            recorded = self.journal.recorded_by(self.name)
+            running = phase == "running" and not meta.get("deletionTimestamp")
+            if running and not made_by_this_task(str(meta.get("uid")), found_try, recorded):
+                assert recorded is not None
+                raise JobNotOursError(
+                    f"{kind} {ns}/{spec.name} (uid {meta.get('uid')}, made by {made_by}) is "
+                    f"running, but try {recorded.get('try_number')} of this task instance "
+                    f"created uid {recorded.get('id')} (task state store): it was re-created "
+                    f"by someone else and is not re-attached to, nor deleted. Delete it "
+                    f"(kubectl delete -n {ns} {self.flavour.job.plural} {spec.name}), then "
+                    f"clear the task"
+                )
+            if running:
                 log.info(
                     "%s %s/%s of this task instance (made by %s) is still running: "
                     "re-attaching to it instead of starting a second one",
@@ -1260,6 +1275,8 @@ class KubernetesLauncher(Launcher):
             self.delete(ref)
             raise HorovodLaunchError(f"the task was killed while {kind} {spec.name!r} was created")
         uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
+        # The uid fences a re-attach: a job re-created under this name has another one.
+        self.journal.record(self.name, kind=kind, name=spec.name, namespace=ns, id=uid)
         if uid:
             self.own(spec, ns, uid, log)
         log.info("submitted %s %s/%s (%d ranks)", kind, ns, spec.name, spec.num_proc)

@@ -18,6 +18,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -403,6 +404,7 @@ class LocalLauncher(Launcher):
         else:
             env.update(spec.secret_env)  # one process: its environment is private to it
 
+        self._stop_earlier_try(log)
         self._marker = f"{os.getpid()}-{secrets.token_hex(8)}"
         env[JOB_MARKER_VAR] = self._marker
         argv = self.launch_argv(spec, env)
@@ -436,6 +438,7 @@ class LocalLauncher(Launcher):
                     raise HorovodLaunchError(f"cannot start {spec.argv[0]!r}: {e}") from e
             proc = self._proc
             log.info("started pid %s (process group %s)", proc.pid, proc.pid)
+            self.journal.record(self.name, host=socket.gethostname(), id=self._marker, pid=proc.pid)
             if spec.timeout:
                 timer = threading.Timer(spec.timeout, self._on_timeout)
                 timer.daemon = True
@@ -534,18 +537,60 @@ class LocalLauncher(Launcher):
             os.killpg(proc.pid, signal.SIGKILL)
         self._reap_leftovers()
 
-    def _marked(self) -> list[psutil.Process]:
-        """Live processes on this host whose environment carries this job's marker."""
-        if not self._marker:
+    def _marked(self, marker: str | None = None) -> list[psutil.Process]:
+        """Live processes on this host whose environment carries ``marker`` (default: this
+        job's)."""
+        marker = self._marker if marker is None else marker
+        if not marker:
             return []
         found = []
         for p in psutil.process_iter():
             if p.pid == os.getpid():
                 continue
             with contextlib.suppress(psutil.Error):
-                if p.environ().get(JOB_MARKER_VAR) == self._marker:
+                if p.environ().get(JOB_MARKER_VAR) == marker:
                     found.append(p)
         return found
+
+    def _stop_earlier_try(self, log: Any) -> None:
+        """Stop what is left of the job an earlier try of this task instance started (recorded
+        in the task state store), so that two jobs never write one output.
+
+        A worker killed outright (SIGKILL, OOM) takes horovodrun with it (its parent-death
+        signal), but a rank that ignores SIGTERM or is reparented may live on. Unlike a
+        container or an MPIJob, a job whose output pipe has gone cannot be re-attached to: it
+        is stopped, and this try resumes from the checkpoint."""
+        recorded = self.journal.recorded_by(self.name)
+        if recorded is None:
+            return
+        host = socket.gethostname()
+        if recorded.get("host") != host:
+            log.warning(
+                "try %s of this task instance ran its job on worker %s; this try runs on %s, "
+                "where nothing of it can be checked (horovodrun stops with its worker)",
+                recorded.get("try_number"),
+                recorded.get("host"),
+                host,
+            )
+            return
+        left = self._marked(str(recorded.get("id") or ""))
+        if not left:
+            return
+        log.warning(
+            "try %s of this task instance left %d process(es) of its job running (pids %s): "
+            "stopping them before this try starts",
+            recorded.get("try_number"),
+            len(left),
+            ",".join(str(p.pid) for p in left),
+        )
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(left, timeout=self.kill_grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
 
     def _reap_leftovers(self) -> None:
         """SIGKILL any process of this job that outlived horovodrun: its descendants (rank

@@ -18,8 +18,25 @@ class FakeTI:
     try_number: int = 1
 
 
-def context(try_number: int = 1, run_id: str = "manual__test") -> dict[str, Any]:
-    return {"ti": FakeTI(try_number), "run_id": run_id}
+def context(
+    try_number: int = 1, run_id: str = "manual__test", store: TaskStateStore | None = None
+) -> dict[str, Any]:
+    ctx: dict[str, Any] = {"ti": FakeTI(try_number), "run_id": run_id}
+    if store is not None:
+        ctx["task_state_store"] = store
+    return ctx
+
+
+class TaskStateStore(dict):  # type: ignore[type-arg]
+    """Airflow 3.3's ``context["task_state_store"]`` as a task sees it (``get``, ``set``,
+    ``delete``, ``clear``), kept in memory across the tries of one test. The scheduler test
+    (tests/engines/test_worker_killed.py) uses Airflow's own."""
+
+    def set(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def delete(self, key: str) -> None:
+        self.pop(key, None)
 
 
 def put_eval_set(s3: Any, bucket: str, prefix: str, n: int = 40) -> tuple[str, float]:

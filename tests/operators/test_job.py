@@ -367,3 +367,31 @@ def test_the_dag_shares_one_settings_object_for_train_and_export():
     assert source.count("**TRAINER_JOB") == 2
     for repeated in ("image=", "gpus_per_proc=", "network_mode=", "docker="):
         assert repeated not in source, repeated
+
+
+def test_a_task_state_store_that_fails_is_a_warning_and_the_labels_decide():
+    """The store (Airflow's API server) failing to answer must not fail a job that runs: the
+    launcher logs it and the next try falls back to the job's name and labels."""
+    from horovod_airflow.operators.launchers.base import JobJournal, made_by_this_task
+    from tests.operators.helpers import LineLog
+
+    class Down:
+        def get(self, key: str) -> None:
+            raise ConnectionError("execution API unreachable")
+
+        def set(self, key: str, value: object) -> None:
+            raise ConnectionError("execution API unreachable")
+
+    log = LineLog()
+    journal = JobJournal(Down(), try_number=2, log=log)
+    journal.record("docker", name="hvd-x", id="c0ffee")
+    assert journal.recorded is None
+    assert [line.split(":")[0] for line in log.lines] == [
+        "could not read the task state store (horovod_job)",
+        "could not record the job in the task state store",
+    ]
+    assert made_by_this_task("any", "1", None)  # nothing recorded: the labels decide
+    assert made_by_this_task("c0ffee", "1", {"id": "c0ffee", "try_number": 1})
+    assert made_by_this_task("beef", "3", {"id": "c0ffee", "try_number": 2})
+    assert not made_by_this_task("beef", "2", {"id": "c0ffee", "try_number": 2})
+    assert not made_by_this_task("beef", None, {"id": "c0ffee", "try_number": 2})

@@ -1463,3 +1463,53 @@ def test_log_timestamps_compare_by_time_not_by_text():
     assert earlier is not None and later is not None and earlier < later
     assert log_timestamp("2026-12-04T11:00:05+01:00") == log_timestamp("2026-12-04T10:00:05Z")
     assert log_timestamp("[0]<stdout>:x") is None
+
+
+@pytest.mark.parametrize(
+    ("found_uid", "found_try", "reattached"),
+    [
+        ("uid-A", "1", True),  # the job try 1 recorded
+        ("uid-B", "2", True),  # try 2 created it and died before recording it
+        ("uid-B", "1", False),  # re-created under the name by someone else
+    ],
+    ids=["recorded", "made by a later try", "re-created"],
+)
+def test_a_retry_reattaches_only_to_the_job_its_tries_recorded(found_uid, found_try, reattached):
+    from horovod_airflow.operators.exceptions import JobNotOursError
+    from horovod_airflow.operators.launchers.base import JOB_STATE_KEY, JobJournal
+    from tests.operators.helpers import TaskStateStore
+
+    found = {**RUNNING, "metadata": {"name": "hvd-train-1234", "uid": found_uid,
+                                     "labels": {"try_number": found_try}}}  # fmt: skip
+    hook = FakeHook([found, SUCCEEDED], log_text="[0]<x>:ok")
+    hook.objects["hvd-train-1234"] = {"metadata": {"name": "hvd-train-1234"}}
+    store = TaskStateStore(
+        {JOB_STATE_KEY: {"launcher": "kubernetes", "id": "uid-A", "try_number": 1}}
+    )
+    runner = launcher(hook)
+    runner.journal = JobJournal(store, try_number=3)
+    log = LineLog()
+    if reattached:
+        assert runner.run(spec(labels={"try_number": "3"}), log).exit_code == 0
+        assert any("re-attaching to it" in line for line in log.lines), log.lines
+        assert hook.created == {}
+        return
+    with pytest.raises(JobNotOursError, match="re-created by someone else") as e:
+        runner.run(spec(labels={"try_number": "3"}), log)
+    assert "uid uid-B" in str(e.value) and "created uid uid-A" in str(e.value)
+    assert hook.created == {} and hook.deleted == []  # neither re-attached to nor deleted
+
+
+def test_the_job_a_try_creates_is_recorded_with_its_uid_for_the_next_try():
+    from horovod_airflow.operators.launchers.base import JOB_STATE_KEY, JobJournal
+    from tests.operators.helpers import TaskStateStore
+
+    hook = FakeHook([SUCCEEDED], log_text="[0]<x>:ok")
+    store = TaskStateStore()
+    runner = launcher(hook)
+    runner.journal = JobJournal(store, try_number=2)
+    runner.run(spec(labels={"try_number": "2"}), LineLog())
+    assert store[JOB_STATE_KEY] == {
+        "launcher": "kubernetes", "kind": "MPIJob", "name": "hvd-train-1234",
+        "namespace": "ml", "id": "uid-123", "try_number": 2,
+    }  # fmt: skip

@@ -332,3 +332,45 @@ def test_processes_reparented_away_from_a_dead_launch_are_killed(tmp_path):
             return True
 
     _wait_for(gone, 10, "the orphan to die")
+
+
+@pytest.mark.parametrize("host", ["this worker", "another worker"])
+def test_a_retry_stops_what_the_job_recorded_by_an_earlier_try_left_running(
+    s3_server, task_log, host
+):
+    """Try 1's job is recorded in the task state store (host, marker). A process of it that
+    outlived its worker (here one that was reparented away) is stopped before try 2 starts its
+    own, so two jobs never write one output; on another worker nothing can be checked (said)."""
+    import os
+    import socket
+    import subprocess
+
+    from horovod_airflow.operators.launchers.local import JOB_MARKER_VAR
+    from horovod_airflow.operators.launchers.base import JOB_STATE_KEY
+    from tests.operators.helpers import TaskStateStore
+
+    marker = "4242-0123456789abcdef"
+    left = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, JOB_MARKER_VAR: marker}, start_new_session=True
+    )
+    recorded_host = socket.gethostname() if host == "this worker" else "worker-7"
+    store = TaskStateStore(
+        {JOB_STATE_KEY: {"launcher": "local", "host": recorded_host, "id": marker,
+                         "pid": left.pid, "try_number": 1}}
+    )  # fmt: skip
+    bucket = s3_server.new_bucket()
+    data, _ = put_eval_set(s3_server.client(), bucket, "eval")
+    try:
+        make_op(data, f"s3://{bucket}/runs/left").execute(context(try_number=2, store=store))
+        if host == "this worker":
+            assert left.wait(timeout=30) is not None  # stopped before try 2 started
+            assert "try 1 of this task instance left 1 process(es) of its job" in task_log.text
+        else:
+            assert left.poll() is None  # not this worker's to stop
+            assert "ran its job on worker worker-7" in task_log.text
+    finally:
+        left.kill()
+        left.wait()
+    now = store[JOB_STATE_KEY]
+    assert now["launcher"] == "local" and now["try_number"] == 2
+    assert now["host"] == socket.gethostname() and now["id"] != marker
