@@ -334,3 +334,56 @@ def test_an_image_missing_from_the_engine_is_pulled_from_its_registry(
         with contextlib.suppress(Exception):
             client.remove_image(remote)
     assert containers_named(podman_engine, "pulled") == []
+
+
+def test_a_container_of_the_jobs_name_that_no_try_recorded_is_left_alone(
+    podman_engine, s3_server, task_log
+):
+    """A running container has this task instance's name, but the task state store says try 1
+    started another one: it was re-created by someone else. Try 2 neither re-attaches to it
+    (it would wait on a stranger's job and report its output) nor removes it, and says so."""
+    from horovod_airflow.operators.exceptions import JobNotOursError
+    from horovod_airflow.operators.launchers.base import JOB_STATE_KEY
+    from tests.operators.helpers import TaskStateStore
+
+    bucket = s3_server.new_bucket("podman")
+    op = docker_op(podman_engine, "s3://unused/data", f"s3://{bucket}/runs/x", task_id="fenced")
+    store = TaskStateStore()
+    ctx = context(try_number=2, run_id=f"manual__{uuid.uuid4().hex[:8]}", store=store)
+    name, _ = op.job_identity(ctx)
+    client = podman_engine.client()
+    stranger = client.create_container(
+        podman_engine.image, command=["sleep", "120"], name=name,
+        labels={JOB_LABEL: name, "try_number": "1"},
+    )["Id"]  # fmt: skip
+    client.start(stranger)
+    store[JOB_STATE_KEY] = {"launcher": "docker", "name": name, "id": "0" * 64, "try_number": 1}
+    try:
+        with pytest.raises(JobNotOursError, match=f"container {name} \\({stranger[:12]}"):
+            op.execute(ctx)
+        (still,) = containers_named(podman_engine, name)
+        assert still["Id"] == stranger and still["State"] == "running"
+    finally:
+        client.remove_container(stranger, force=True)
+
+
+def test_a_later_try_returns_what_an_earlier_tries_container_trained(
+    podman_engine, s3_server, task_log
+):
+    """Try 1's container finished and wrote metrics.json, then the task failed (its clean-up,
+    the result read or the XCom push). Try 2 returns that result and starts no container."""
+    from tests.operators.helpers import context
+
+    bucket = s3_server.new_bucket("podman")
+    output = f"s3://{bucket}/runs/finished"
+    run_id = f"manual__{uuid.uuid4().hex[:8]}"
+
+    def op() -> HorovodTrainOperator:
+        return docker_op(podman_engine, "s3://unused/data", output, task_id="finished")
+
+    first = op().execute(context(try_number=1, run_id=run_id))
+    assert task_log.text.count("created container") == 1
+    again = op().execute(context(try_number=2, run_id=run_id))
+    assert again == first and first["world_size"] == 2
+    assert task_log.text.count("created container") == 1  # no second container
+    assert "an earlier try completed this training" in task_log.text
