@@ -504,6 +504,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
 
         try:
             text = storage.read_text(uri, client=self.s3_client_for(uri))
+        except storage.TransientStorageError:
+            raise  # the store did not answer: the job's output may well be there (retried)
         except storage.StorageError as e:
             raise HorovodTrainingError(
                 f"the job exited 0 but {what} is missing at {uri}: the program must write it "

@@ -469,3 +469,53 @@ def test_a_rank_killed_mid_epoch_fails_the_try_and_the_retry_resumes_to_the_same
         {k: v for k, v in h.items() if k not in strip} for h in fresh["history"]
     ]
     assert _rank_processes(f"s3://{bucket}/") == []
+
+
+@pytest.mark.slow
+def test_a_train_whose_result_read_failed_is_returned_by_the_retry_and_the_run_publishes(
+    s3_server, airflow_db, monkeypatch, capfd
+):
+    """Try 1's training completes, then reading its metrics.json meets a store that answers
+    503 SlowDown: the retry policy retries the task (a transient failure), and try 2 returns
+    that same training, trains nothing, and the run goes on to publish it."""
+    from datetime import timedelta
+
+    from airflow.sdk import DagRunState
+
+    from horovod_airflow.operators.retry import HorovodRetryPolicy
+    from tests.s3_faults import faulty_s3
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("reread")
+    faults = {"left": 1}  # one attempt per call (AWS_MAX_ATTEMPTS below): one read fails
+
+    def metrics_read_throttled_once(method: str, path: str) -> tuple[int, str] | None:
+        if method == "GET" and path.split("?")[0].endswith("/metrics.json") and faults["left"]:
+            faults["left"] -= 1
+            return 503, "SlowDown"
+        return None
+
+    with faulty_s3(s3_server.endpoint, metrics_read_throttled_once) as proxy:
+        conn = json.loads(s3_server.airflow_conn_uri_json())
+        conn["extra"] = {**conn["extra"], "endpoint_url": proxy.endpoint}
+        monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries would hide it
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        dag = _deploy(bucket).retrain_dag
+        train_task = dag.get_task("train")
+        train_task.retry_delay = timedelta(seconds=1)
+        train_task.retry_policy = HorovodRetryPolicy(backoff=timedelta(seconds=1))
+        run = dag.test(run_conf={**SMALL_RUN, "min_accuracy": 0.5})
+    text = capfd.readouterr().out
+    states = _states(run)
+    assert [a for a in proxy.answered if a[2] == 503], "the metrics read was never throttled"
+    assert run.state == DagRunState.SUCCESS, states
+    assert set(states.values()) == {"success"}, states
+    (train,) = [ti for ti in run.get_task_instances() if ti.task_id == "train"]
+    assert train.try_number == 2, proxy.answered
+    assert text.count("launching 2 ranks") == 1, "try 2 trained again"
+    assert "an earlier try completed this training" in text
+    latest = json.loads(_get(client, bucket, "models/mnist_cnn/latest.json"))
+    (metrics_key,) = [k for k in _keys(client, bucket, "runs/") if k.endswith("/metrics.json")]
+    metrics = json.loads(_get(client, bucket, metrics_key))
+    assert latest["val_accuracy"] == metrics["val_accuracy"]  # the model try 1 trained

@@ -161,6 +161,17 @@ def test_two_worker_pods_train_like_one_pod_with_two_ranks(
     assert mpijob_cluster.jobs == {} and mpijob_cluster.core_v1_client.secrets == {}
     assert mpijob_cluster.containers() == [], one_pod
 
+    # Had the task failed after the job (its clean-up, the result read, the XCom push), try 2
+    # returns the training try 1's MPIJob did and creates no second job.
+    again = execute(
+        k8s_op(staged["uri"], f"s3://{bucket}/runs/multi", task_id="two_pods",
+               entrypoint=trainer, trainer_args=TRAIN_ARGS, slots_per_worker=1),
+        mpijob_cluster,
+        context(try_number=2),
+    )  # fmt: skip
+    assert again == multi
+    assert len(mpijob_cluster.created) == 2  # one_pod's and two_pods', nothing more
+
 
 def test_a_worker_pod_killed_mid_run_fails_the_task_naming_the_worker(
     mpijob_network: MPIJobNetwork, mpijob_cluster, capsys
