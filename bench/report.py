@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -135,19 +134,6 @@ def default_ranks(wanted: int = 2) -> int:
     return wanted
 
 
-def horovodrun() -> str:
-    """The venv's horovodrun (next to this Python), else the one on PATH."""
-    local = Path(sys.executable).parent / "horovodrun"
-    if local.exists():
-        return str(local)
-    found = shutil.which("horovodrun")
-    if not found:
-        raise RuntimeError(
-            "horovodrun not found next to this Python or on PATH; run scripts/setup.sh first"
-        )
-    return found
-
-
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for ``horovodrun``: this venv's bin first on PATH, the repo on PYTHONPATH."""
     env = os.environ.copy()
@@ -208,11 +194,10 @@ def run_horovod(
     from horovod_airflow.operators.launchers.base import JobSpec
     from horovod_airflow.operators.launchers.local import LocalLauncher
 
-    cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", sys.executable, "-m"]
-    cmd += list(module_args)
+    # The local launcher runs horovodrun -np N -H localhost:N around the program.
     spec = JobSpec(
         name=f"bench-{module_args[0] if module_args else 'run'}",
-        argv=cmd,
+        argv=[sys.executable, "-m", *module_args],
         env=env or rank_env(),
         num_proc=np,
         timeout=timeout,
@@ -234,7 +219,8 @@ def run_horovod(
         # The ranks' own lines say why; horovodrun's traceback after them does not.
         rank_lines = [line for _, line in lines if RANK_PREFIX.match(line)]
         tail = "\n".join(rank_lines[-30:] or [line for _, line in lines[-40:]])
-        raise RuntimeError(f"{' '.join(cmd)} {why}; log tail ({log}):\n{tail}")
+        command = f"horovodrun -np {np} {' '.join(spec.argv)}"
+        raise RuntimeError(f"{command} {why}; log tail ({log}):\n{tail}")
     return HorovodRun(wall_seconds=wall, lines=lines, log=log)
 
 

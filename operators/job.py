@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import BaseOperator
 
-from horovod_airflow.operators.command import Host, validate_env_name
+from horovod_airflow.operators.command import validate_env_name
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import (
     HorovodOperatorError,
@@ -32,16 +32,14 @@ from horovod_airflow.operators.launchers.base import (
     Launcher,
     failed_exit_code,
 )
-from horovod_airflow.operators.launchers.docker import DockerOptions
-from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
-from horovod_airflow.operators.launchers.local import LocalOptions
+from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions
+from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
+from horovod_airflow.operators.launchers.local import LocalLauncher, LocalOptions
 from horovod_airflow.operators.retry import with_retry_policy
 from horovod_airflow.trainer.contract import NO_RETRY_EXIT_CODES
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-LAUNCHERS = ("local", "docker", "kubernetes")
 
 
 def is_templated(value: Any) -> bool:
@@ -157,11 +155,14 @@ class HorovodJobSettings(TypedDict, total=False):
     kubernetes: KubernetesOptions | None
 
 
+#: The launchers by name (the operator's ``launcher``); each declares its options class and
+#: what it needs and can do (``Launcher``), so nothing below names one.
+LAUNCHER_CLASSES: dict[str, type[Launcher]] = {
+    cls.name: cls for cls in (LocalLauncher, DockerLauncher, KubernetesLauncher)
+}
 #: launcher → the class of its options (the operator's argument of the same name).
 LAUNCHER_OPTIONS: dict[str, type[Any]] = {
-    "local": LocalOptions,
-    "docker": DockerOptions,
-    "kubernetes": KubernetesOptions,
+    name: cls.options_class for name, cls in LAUNCHER_CLASSES.items()
 }
 #: The seconds the launcher's deadline keeps before ``execution_timeout`` (at most a tenth of
 #: it), so the launcher stops the job itself and fails with its log tail, before Airflow's
@@ -212,9 +213,9 @@ def refusals_not_retried() -> Iterator[None]:
 
 def check_launcher(launcher: Any, image: Any) -> None:
     """Raise ValueError unless ``launcher`` is known and has the image it needs."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
-    if launcher in ("docker", "kubernetes") and not image:
+    if launcher not in LAUNCHER_CLASSES:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_CLASSES)}; got {launcher!r}")
+    if LAUNCHER_CLASSES[launcher].needs_image and not image:
         raise ValueError(f"image is required when launcher={launcher!r}")
 
 
@@ -323,12 +324,6 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         name = str(self.launcher if launcher is None else launcher)
         return self.launcher_options.get(name) or LAUNCHER_OPTIONS[name]()
 
-    @property
-    def kubernetes_options(self) -> KubernetesOptions:
-        options = self.options("kubernetes")
-        assert isinstance(options, KubernetesOptions)
-        return options
-
     def check_launcher_settings(self) -> None:
         """:func:`check_launcher`; with a literal launcher, nothing given that it ignores."""
         check_launcher(self.launcher, self.image)
@@ -344,10 +339,11 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                 f"{self.launcher!r}; remove it (options of several launchers may stand side "
                 f"by side only when launcher is templated)"
             )
-        if self.launcher == "local" and self.image:
+        if self.image and not LAUNCHER_CLASSES[self.launcher].needs_image:
+            users = " and ".join(repr(n) for n, c in LAUNCHER_CLASSES.items() if c.needs_image)
             raise ValueError(
-                f"image={self.image!r}: only used by launcher 'docker' and 'kubernetes', and "
-                f"launcher is 'local'; remove it"
+                f"image={self.image!r}: only used by launcher {users}, and launcher is "
+                f"{self.launcher!r}; remove it"
             )
 
     def start_clock(self) -> None:
@@ -381,8 +377,6 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         map_index = getattr(ti, "map_index", -1)
         map_index = map_index if isinstance(map_index, int) else -1
         name = job_name(dag_id, self.task_id, run_id, map_index)
-        if self.launcher == "local":
-            return name, {}
         try_number = int(getattr(ti, "try_number", 1) or 1)
         return name, job_labels(dag_id, self.task_id, run_id, try_number, map_index)
 
@@ -417,24 +411,18 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         return public, secret
 
     # --- launchers --------------------------------------------------------------------
-    def make_launcher(self, hosts: Sequence[Host] = ()) -> Launcher:
-        """The chosen launcher, handed its options object."""
-        if self.launcher == "local":
-            from horovod_airflow.operators.launchers.local import LocalLauncher
+    def make_launcher(self) -> Launcher:
+        """The chosen launcher, handed its options object (and the image, where it runs one)."""
+        cls: Any = LAUNCHER_CLASSES[str(self.launcher)]
+        options = self.options()
+        if cls.needs_image:
+            return cls(image=str(self.image), options=options)
+        return cls(options=options)
 
-            return LocalLauncher(hosts, options=self.options("local"))
-        if self.launcher == "docker":
-            from horovod_airflow.operators.launchers.docker import DockerLauncher
-
-            return DockerLauncher(image=str(self.image), options=self.options("docker"))
-        from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher
-
-        return KubernetesLauncher(image=str(self.image), options=self.kubernetes_options)
-
-    def run_job(self, spec: JobSpec, context: Context, hosts: Sequence[Host] = ()) -> None:
-        """Preflight, then run (or, for a deferrable MPIJob, submit and defer) with the
+    def run_job(self, spec: JobSpec, context: Context) -> None:
+        """Preflight, then run (or, where the launcher defers, submit and defer) with the
         deadline ``execution_timeout`` leaves."""
-        launcher = self.make_launcher(hosts)
+        launcher = self.make_launcher()
         ti = context.get("ti")
         launcher.journal = JobJournal(
             context.get("task_state_store"), int(getattr(ti, "try_number", 1) or 1), self.log
@@ -444,23 +432,10 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             if self.preflight:
                 launcher.preflight(spec, self.log)
             spec = dataclasses.replace(spec, timeout=self.job_deadline())
-            k8s = self.kubernetes_options
-            if self.launcher == "kubernetes" and k8s.deferrable:
-                from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher
-                from horovod_airflow.operators.triggers import MPIJobTrigger
-
-                assert isinstance(launcher, KubernetesLauncher)
+            if launcher.defers:
                 ref = launcher.submit(spec, self.log)
                 self.defer(
-                    trigger=MPIJobTrigger(
-                        name=ref["name"],
-                        namespace=ref["namespace"],
-                        kubernetes_conn_id=k8s.kubernetes_conn_id,
-                        poll_interval=k8s.poll_interval,
-                        timeout=spec.timeout,
-                        startup_timeout=k8s.startup_timeout,
-                        kubernetes_api=k8s.kubernetes_api,
-                    ),
+                    trigger=launcher.trigger(ref, spec.timeout),
                     method_name="execute_complete",
                     kwargs={"ref": ref},  # stored in the metadata DB: never secrets
                 )
@@ -481,12 +456,9 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         return self.collect_result()
 
     def finish_deferred(self, event: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
-        """After the trigger fired: surface the launcher pod's log, clean up, raise on failure."""
-        from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher
-
-        secrets = list(self.job_env()[1].values())  # to redact the pod log
+        """After the trigger fired: surface the job's output, clean up, raise on failure."""
+        secrets = list(self.job_env()[1].values())  # to redact the job's output
         launcher = self.make_launcher()
-        assert isinstance(launcher, KubernetesLauncher)
         with refusals_not_retried():
             launcher.finish(dict(ref), dict(event), self.log, secrets=secrets)
 

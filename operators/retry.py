@@ -60,8 +60,9 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
 def _api_status(e: BaseException) -> int | None:
     """The HTTP status of a Kubernetes ``ApiException`` in ``e``'s chain, if any."""
     for err in _chain(e):
-        if type(err).__name__ == "ApiException" and isinstance(getattr(err, "status", None), int):
-            return int(err.status)
+        status = getattr(err, "status", None)
+        if type(err).__name__ == "ApiException" and isinstance(status, int):
+            return status
     return None
 
 

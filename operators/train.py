@@ -14,9 +14,7 @@ from horovod_airflow.operators.command import (
     TRAINER_ENTRYPOINT,
     check_controller,
     doctor_argv,
-    horovodrun_argv,
     is_our_trainer,
-    parse_hosts,
     program_argv,
     trainer_args_to_argv,
 )
@@ -143,7 +141,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         self.resume_on_retry = resume_on_retry
         self.controller = controller
 
-    def build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
+    def build_spec(self, context: Context) -> JobSpec:
         """Validate the rendered fields and build the job (command, env, secrets).
 
         Raises :class:`HorovodConfigError` naming a bad setting, and
@@ -225,12 +223,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
                     differ.append(f"{key}: recorded {config[key]!r}, now {value!r}")
         return differ
 
-    def _build_spec(self, context: Context) -> tuple[JobSpec, list[Any]]:
+    def _build_spec(self, context: Context) -> JobSpec:
         self.check_launcher_settings()
         num_proc = as_int(self.num_proc, "num_proc", minimum=1)
-        # docker runs localhost:num_proc; kubernetes places the ranks on MPIJob workers.
-        local = self.options("local")
-        hosts = parse_hosts(local.hosts if self.launcher == "local" else None, num_proc)
         ti = context.get("ti")
         try_number = int(getattr(ti, "try_number", 1) or 1)
         if try_number > 1:
@@ -249,35 +244,14 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         name, labels = self.job_identity(context)
         preflight = (
             doctor_argv(self.entrypoint, num_proc, self.gpus_per_proc)
-            if is_our_trainer(self.entrypoint) and self.launcher == "local"
+            if is_our_trainer(self.entrypoint)
             else None
         )
-        if self.launcher == "local":
-            argv = horovodrun_argv(
-                program,
-                num_proc=num_proc,
-                hosts=hosts,
-                ssh_port=local.ssh_port,
-                ssh_identity_file=local.ssh_identity_file,
-                network_interface=local.network_interface,
-                controller=self.controller,
-            )
-            at = argv.index("-np")
-            argv[at:at] = local.horovodrun_args
-            if not all(h.is_local for h in hosts) and secret:
-                self.log.warning(
-                    "hosts %s are remote: the ranks there read credentials from %s only if "
-                    "rank_env_dir is a folder all hosts share; otherwise they use their own "
-                    "(instance role, ~/.aws). Secrets are never put on the ssh command line.",
-                    ",".join(map(str, hosts)),
-                    local.rank_env_dir or "a private temp dir on this worker",
-                )
-        else:
-            # docker: ranks share one container; kubernetes: the launcher builds -H itself.
-            argv = program
-        spec = JobSpec(
+        # The program and its ranks; each launcher builds horovodrun (-H, ssh, controller),
+        # the container or the manifest around it.
+        return JobSpec(
             name=name,
-            argv=argv,
+            argv=program,
             env=public,
             secret_env=secret,
             num_proc=num_proc,
@@ -287,18 +261,17 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             controller=self.controller,
             labels=labels,
         )
-        return spec, hosts
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.start_clock()
         done = self.completed_result(context)
         if done is not None:
             return done
-        spec, hosts = self.build_spec(context)
+        spec = self.build_spec(context)
         self.log.info(
             "launching %d ranks with %s: %s", spec.num_proc, self.launcher, shlex.join(spec.argv)
         )
-        self.run_job(spec, context, hosts)
+        self.run_job(spec, context)
         return self.collect_result()
 
     def collect_result(self) -> dict[str, Any]:

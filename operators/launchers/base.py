@@ -181,12 +181,46 @@ def made_by_this_task(found_id: str, found_try: Any, recorded: Mapping[str, Any]
 class Launcher(abc.ABC):
     """Runs a :class:`JobSpec`; one launcher instance runs one job.
 
+    The spec says *what* to run (the program, ``num_proc`` ranks, GPUs, environment); the
+    launcher builds *how* (the ``horovodrun`` command and its hosts, a container, a manifest)
+    and declares what it can do, so that the operator never names a launcher:
+
+    - ``options_class``: its options object (the operator's argument of the same name);
+    - ``needs_image``: whether it runs the job from a container image;
+    - ``defers``: whether this instance submits and waits in Airflow's triggerer
+      (:meth:`submit`, :meth:`trigger`, :meth:`finish`) instead of in :meth:`run`.
+
     ``journal`` records the job a try starts in Airflow's task state store and says what an
     earlier try recorded (set by the operator; a launcher used on its own records nothing).
     """
 
     name: str = "base"
+    options_class: type[Any] = object
+    needs_image: bool = False
     journal: JobJournal = JobJournal()
+
+    @property
+    def defers(self) -> bool:
+        return False
+
+    def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:
+        """Start the job and return a reference to it (stored in Airflow: never a secret)."""
+        raise NotImplementedError(f"the {self.name} launcher does not defer")
+
+    def trigger(self, ref: Mapping[str, str], timeout: float | None) -> Any:
+        """The Airflow trigger that waits for the job ``ref`` (``timeout``: its deadline)."""
+        raise NotImplementedError(f"the {self.name} launcher does not defer")
+
+    def finish(
+        self,
+        ref: Mapping[str, str],
+        event: Mapping[str, Any],
+        log: Any,
+        *,
+        secrets: Sequence[str] = (),
+    ) -> JobResult:
+        """After the trigger fired: surface the job's output, clean up, raise on failure."""
+        raise NotImplementedError(f"the {self.name} launcher does not defer")
 
     def preflight(self, spec: JobSpec, log: Any) -> None:  # noqa: B027
         """Refuse early (``HorovodPreflightError``) when the job cannot start; default: no-op."""

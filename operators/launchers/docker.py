@@ -166,6 +166,8 @@ class DockerLauncher(Launcher):
     """One container per job; all ranks on localhost inside it."""
 
     name = "docker"
+    options_class = DockerOptions
+    needs_image = True
 
     def __init__(
         self, *, image: str, options: DockerOptions | None = None, client: Any | None = None

@@ -1122,6 +1122,8 @@ class KubernetesLauncher(Launcher):
     launcher log, clean up."""
 
     name = "kubernetes"
+    options_class = KubernetesOptions
+    needs_image = True
 
     def __init__(
         self, *, image: str, options: KubernetesOptions | None = None, hook: Any | None = None
@@ -1186,6 +1188,25 @@ class KubernetesLauncher(Launcher):
     def manifest(self, spec: JobSpec) -> dict[str, Any]:
         """The job's own manifest (MPIJob or TrainJob)."""
         return self.manifests(spec)[-1]
+
+    @property
+    def defers(self) -> bool:
+        return bool(self.options.deferrable)
+
+    def trigger(self, ref: Mapping[str, str], timeout: float | None) -> Any:
+        """The trigger that polls the job ``ref`` in Airflow's triggerer until it ends."""
+        from horovod_airflow.operators.triggers import MPIJobTrigger
+
+        options = self.options
+        return MPIJobTrigger(
+            name=ref["name"],
+            namespace=ref["namespace"],
+            kubernetes_conn_id=options.kubernetes_conn_id,
+            poll_interval=options.poll_interval,
+            timeout=timeout,
+            startup_timeout=options.startup_timeout,
+            kubernetes_api=options.kubernetes_api,
+        )
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:
         """Start the job of this task instance, or re-attach to the one an earlier try left

@@ -36,6 +36,7 @@ from horovod_airflow.operators.command import (
     RANK_ENV_FILE_VAR,
     Host,
     forwardable_environ,
+    horovodrun_argv,
     parse_hosts,
     rank_env_file_text,
 )
@@ -238,11 +239,13 @@ class LocalLauncher(Launcher):
     """``horovodrun`` (or one process) as a child of the Airflow worker."""
 
     name = "local"
+    options_class = LocalOptions
 
-    def __init__(self, hosts: Sequence[Host] = (), options: LocalOptions | None = None) -> None:
-        """``hosts``: the parsed ``-H`` list of this job (``options.hosts`` for ``num_proc``)."""
+    def __init__(self, options: LocalOptions | None = None, *, image: str | None = None) -> None:
+        if image:
+            raise ValueError(f"image={image!r}: the local launcher runs no image")
         self.options = options or LocalOptions()
-        self.hosts = list(hosts)
+        self.hosts: list[Host] = []  # the job's -H list, from options.hosts and num_proc
         self.kill_grace_s = self.options.kill_grace_s
         # Where the credentials file is written; must be a path every host can read when
         # the hosts are remote (e.g. a shared filesystem). Default: a private temp dir.
@@ -257,12 +260,34 @@ class LocalLauncher(Launcher):
         self._doctor_lines: list[str] = []
         self._doctor_python: str | None = None
 
+    # --- the command --------------------------------------------------------------------
+    def command(self, spec: JobSpec) -> list[str]:
+        """What this launcher starts for ``spec``: ``horovodrun`` over the job's hosts
+        (``options.hosts``, or ``localhost:<num_proc>``) with the program, or the one process
+        of a job that is not distributed."""
+        if not spec.distributed:
+            return [str(a) for a in spec.argv]
+        self.hosts = parse_hosts(self.options.hosts, spec.num_proc)
+        options = self.options
+        argv = horovodrun_argv(
+            spec.argv,
+            num_proc=spec.num_proc,
+            hosts=self.hosts,
+            ssh_port=options.ssh_port,
+            ssh_identity_file=options.ssh_identity_file,
+            network_interface=options.network_interface,
+            controller=spec.controller,
+        )
+        at = argv.index("-np")
+        argv[at:at] = options.horovodrun_args
+        return argv
+
     # --- preflight --------------------------------------------------------------------
     def preflight(self, spec: JobSpec, log: Any) -> None:
         if spec.distributed:
             check_slots(
                 spec.num_proc,
-                self.hosts or [Host("localhost", spec.num_proc)],
+                parse_hosts(self.options.hosts, spec.num_proc),
                 spec.gpus_per_proc,
                 cpu_count=os.cpu_count(),
                 gpu_count=visible_gpu_count() if spec.gpus_per_proc else None,
@@ -320,11 +345,11 @@ class LocalLauncher(Launcher):
         self._doctor_python = os.path.abspath(python) if python else None
 
     def launch_argv(self, spec: JobSpec, env: dict[str, str]) -> list[str]:
-        """The command to start: ``spec.argv``, or horovodrun's entry point run in
+        """The command to start: :meth:`command`, or horovodrun's entry point run in
         horovodrun's own interpreter without its Gloo probe (``VERIFIED_GLOO_HOROVODRUN``)
         when this job's doctor reported ``gloo_built: True`` for that same interpreter and
         that same horovodrun."""
-        argv = [str(a) for a in spec.argv]
+        argv = self.command(spec)
         python = self._doctor_python
         if not (
             spec.distributed
@@ -384,12 +409,23 @@ class LocalLauncher(Launcher):
         return env
 
     def run(self, spec: JobSpec, log: Any) -> JobResult:
-        if shutil.which(spec.argv[0]) is None and not os.path.exists(spec.argv[0]):
+        command = self.command(spec)
+        env = self._environ(spec)
+        if shutil.which(command[0], path=env.get("PATH")) is None and not os.path.exists(
+            command[0]
+        ):
             raise HorovodLaunchError(
-                f"{spec.argv[0]!r} is not on PATH of the Airflow worker; install horovod "
+                f"{command[0]!r} is not on PATH of the Airflow worker; install horovod "
                 f"(horovodrun) in the worker's environment or use launcher='docker'/'kubernetes'"
             )
-        env = self._environ(spec)
+        if spec.distributed and spec.secret_env and not all(h.is_local for h in self.hosts):
+            log.warning(
+                "hosts %s are remote: the ranks there read credentials from %s only if "
+                "rank_env_dir is a folder all hosts share; otherwise they use their own "
+                "(instance role, ~/.aws). Secrets are never put on the ssh command line.",
+                ",".join(map(str, self.hosts)),
+                self.rank_env_dir or "a private temp dir on this worker",
+            )
         secret_dir: str | None = None
         if spec.distributed:
             if spec.secret_env:
@@ -408,7 +444,7 @@ class LocalLauncher(Launcher):
         self._marker = f"{os.getpid()}-{secrets.token_hex(8)}"
         env[JOB_MARKER_VAR] = self._marker
         argv = self.launch_argv(spec, env)
-        if argv != list(spec.argv):
+        if argv != command:
             log.info(
                 "starting horovodrun as its own entry point in %s, without its Gloo probe "
                 "(the preflight doctor verified gloo_built in that interpreter)",
@@ -435,7 +471,7 @@ class LocalLauncher(Launcher):
                         preexec_fn=_parent_death_signal(),  # only a prctl call: safe with threads
                     )
                 except OSError as e:
-                    raise HorovodLaunchError(f"cannot start {spec.argv[0]!r}: {e}") from e
+                    raise HorovodLaunchError(f"cannot start {command[0]!r}: {e}") from e
             proc = self._proc
             log.info("started pid %s (process group %s)", proc.pid, proc.pid)
             self.journal.record(self.name, host=socket.gethostname(), id=self._marker, pid=proc.pid)

@@ -100,11 +100,12 @@ def test_every_local_option_reaches_the_launcher_or_horovodrun():
     assert set(LOCAL_PROBES) == _fields(LocalOptions), "a LocalOptions field without a probe"
     options = LocalOptions(**{name: value for name, (value, _) in LOCAL_PROBES.items()})
     op = _train(local=options)
-    spec, hosts = op.build_spec(context())
-    launcher = op.make_launcher(hosts)
+    spec = op.build_spec(context())
+    launcher = op.make_launcher()
     assert launcher.options is options
+    command = launcher.command(spec)  # the horovodrun command the local launcher starts
     for name, (_, reached) in LOCAL_PROBES.items():
-        assert reached(launcher, list(spec.argv)), name
+        assert reached(launcher, command), name
 
 
 DOCKER_PROBES: dict[str, tuple[Any, Callable[[Any, dict[str, Any]], bool]]] = {
@@ -133,7 +134,7 @@ def test_every_docker_option_reaches_the_container_spec():
     assert set(DOCKER_PROBES) == _fields(DockerOptions), "a DockerOptions field without a probe"
     options = DockerOptions(**{name: value for name, (value, _) in DOCKER_PROBES.items()})
     op = _train(launcher="docker", image="hva/trainer:1", docker=options)
-    spec, _ = op.build_spec(context())
+    spec = op.build_spec(context())
     launcher = op.make_launcher()
     launcher._client = FakeDockerClient([], {"StatusCode": 0})
     kwargs = launcher.create_kwargs(spec)
@@ -212,7 +213,7 @@ def test_every_kubernetes_option_reaches_the_job(api, unused):
     )
     assert options.kubernetes_api == api
     op = _train(launcher="kubernetes", image="hva/trainer:1", kubernetes=options)
-    spec, _ = op.build_spec(context())
+    spec = op.build_spec(context())
     launcher = op.make_launcher()
     launcher._hook = FakeHook([])
     body = launcher.manifest(spec)
@@ -301,7 +302,7 @@ def test_horovodrun_args_reach_horovodrun_and_owned_flags_are_refused():
     from tests.operators.helpers import context
 
     op = _train(local=LocalOptions(horovodrun_args=["--timeline-filename", "/tmp/t.json"]))
-    argv = list(op.build_spec(context())[0].argv)
+    argv = op.make_launcher().command(op.build_spec(context()))
     assert argv[argv.index("--timeline-filename") + 1] == "/tmp/t.json"
     assert argv.index("--timeline-filename") < argv.index("-np")
     for flag in ("-np", "--hosts=a:1", "-p", "--mpi", "--network-interface"):

@@ -793,7 +793,7 @@ def k8s_train_op(**kw: Any) -> HorovodTrainOperator:
 
 def test_pod_settings_reach_both_pod_templates_from_the_operator():
     op = k8s_train_op(**POD_OPTIONS)
-    job, _ = op.build_spec(context())
+    job = op.build_spec(context())
     with mock.patch(
         "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=FakeHook([])
     ):
@@ -903,11 +903,11 @@ def test_a_templated_launcher_uses_the_options_of_the_one_it_renders_to():
         launcher="{{ params.launcher }}", node_selector={"gpu": "h200"}, docker=docker
     )
     op.launcher = "docker"  # what the template rendered to
-    job, _ = op.build_spec(context())
+    job = op.build_spec(context())
     launcher = op.make_launcher()
     assert isinstance(launcher, DockerLauncher) and launcher.options is docker
     op.launcher = "kubernetes"
-    job, _ = op.build_spec(context())
+    job = op.build_spec(context())
     kl = op.make_launcher()
     assert isinstance(kl, KubernetesLauncher) and kl.options.namespace == "ml"
     kl._hook = FakeHook([])
@@ -1056,8 +1056,8 @@ def test_labels_of_the_task_instance_are_on_the_job_its_pods_and_its_secret(tmp_
     op = k8s_train_op(output=str(tmp_path / "out"), secret_env={"HVA_TEST_TOKEN": "t0ken-v"})
     ti = SimpleNamespace(try_number=3, map_index=-1)
     ctx = {"ti": ti, "run_id": "manual__2026-12-04T18:49:33.123456+00:00"}
-    job, _ = op.build_spec(ctx)
-    first, _ = op.build_spec({**ctx, "ti": SimpleNamespace(try_number=1, map_index=-1)})
+    job = op.build_spec(ctx)
+    first = op.build_spec({**ctx, "ti": SimpleNamespace(try_number=1, map_index=-1)})
     assert job.name == first.name  # one name for every try
     hook = FakeHook([RUNNING])
     with mock.patch(
@@ -1084,7 +1084,7 @@ def test_labels_of_the_task_instance_are_on_the_job_its_pods_and_its_secret(tmp_
 
 def test_a_deferrable_retry_while_the_job_runs_defers_on_it_without_a_second_job(tmp_path):
     op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"))
-    name = op.build_spec(context())[0].name
+    name = op.build_spec(context()).name
     hook = FakeHook([left_by_try_1(RUNNING)])
     hook.objects[name] = {"metadata": {"name": name}}
     with (

@@ -345,8 +345,8 @@ def test_a_retry_stops_what_the_job_recorded_by_an_earlier_try_left_running(
     import socket
     import subprocess
 
-    from horovod_airflow.operators.launchers.local import JOB_MARKER_VAR
     from horovod_airflow.operators.launchers.base import JOB_STATE_KEY
+    from horovod_airflow.operators.launchers.local import JOB_MARKER_VAR
     from tests.operators.helpers import TaskStateStore
 
     marker = "4242-0123456789abcdef"

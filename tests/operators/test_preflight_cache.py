@@ -107,10 +107,9 @@ def _verified_launch(tmp_path: Path, doctor_lines: list[str], shebang: str | Non
     lines = [line.replace("{horovodrun}", str(horovodrun)) for line in doctor_lines]
     (bin_dir / "doctor.out").write_text("\n".join(lines) + "\n")
     env = {"PATH": str(bin_dir), PREFLIGHT_CACHE_VAR: "off"}
-    flags = {"gloo": ["--gloo"], "mpi": ["--mpi"], "auto": []}[controller]
     spec = JobSpec(
         name="t",
-        argv=["horovodrun", *flags, "-np", "2", "-H", "localhost:2", "prog"],
+        argv=["prog"],  # the launcher runs horovodrun -np 2 -H localhost:2 around it
         env=env,
         num_proc=2,
         preflight_argv=["python", "-m", "horovod_airflow.trainer", "doctor", "--np", "2"],
@@ -129,7 +128,7 @@ def test_a_doctor_verified_gloo_spares_horovodrun_its_probe(tmp_path, monkeypatc
     argv = _verified_launch(tmp_path, DOCTOR_OK)
     python = str(tmp_path / "venv" / "bin" / "python")
     assert argv[:2] == [python, "-c"] and "launch.gloo_built = lambda" in argv[2]
-    assert argv[3:] == ["--gloo", "-np", "2", "-H", "localhost:2", "prog"]
+    assert argv[3:7] == ["--gloo", "-np", "2", "-H"] and argv[-1] == "prog"
 
 
 @pytest.mark.parametrize(
@@ -165,14 +164,12 @@ def test_the_real_doctor_and_horovodrun_start_two_ranks_without_the_probe(tmp_pa
     """The real doctor, then 2 real ranks through horovodrun's entry point without its probe."""
     import sys
 
-    from horovod_airflow.operators.command import Host, horovodrun_argv
-
     monkeypatch.setenv(PREFLIGHT_CACHE_VAR, str(tmp_path / "cache"))
     program = [sys.executable, "-c", "import horovod.torch as hvd; hvd.init(); "
                "print('RANK', hvd.rank(), 'OF', hvd.size(), flush=True)"]  # fmt: skip
     spec = JobSpec(
         name="t",
-        argv=horovodrun_argv(program, num_proc=2, hosts=[Host("localhost", 2)]),
+        argv=program,
         num_proc=2,
         preflight_argv=[sys.executable, "-m", "horovod_airflow.trainer", "doctor", "--np", "2"],
     )

@@ -170,8 +170,8 @@ def test_the_trainjob_references_its_own_mpi_runtime_of_the_mpijobs_pods():
 def test_pod_settings_reach_both_trainjob_pods_from_the_operator():
     # k8s_train_op groups these into kubernetes=KubernetesOptions(kubernetes_api="trainjob", ...)
     op = k8s_train_op(kubernetes_api="trainjob", **POD_OPTIONS)
-    assert op.kubernetes_options.kubernetes_api == "trainjob"
-    job, _ = op.build_spec(context())
+    assert op.options("kubernetes").kubernetes_api == "trainjob"
+    job = op.build_spec(context())
     launcher_ = op.make_launcher()
     assert isinstance(launcher_, KubernetesLauncher) and launcher_.flavour.api == "trainjob"
     with mock.patch(
@@ -340,7 +340,7 @@ def test_a_retry_reattaches_to_a_running_trainjob_and_replaces_a_finished_one(ea
 
 def test_a_deferrable_retry_while_the_trainjob_runs_defers_on_it_without_a_second_job(tmp_path):
     op = k8s_train_op(kubernetes_api="trainjob", deferrable=True, output=str(tmp_path / "o"))
-    name = op.build_spec(context())[0].name
+    name = op.build_spec(context()).name
     hook = TrainerHook([{**RUNNING, "metadata": {"name": name, "labels": {"try_number": "1"}}}])
     hook.objects[TRAINJOBS][name] = {"metadata": {"name": name}}
     hook.objects[RUNTIMES][name] = {"metadata": {"name": name}, "spec": {}}
@@ -419,7 +419,7 @@ def test_the_deferrable_operator_defers_on_the_trainjob_and_finishes_it(tmp_path
         output=str(tmp_path / "o"),
         execution_timeout=timedelta(hours=1),
     )
-    assert op.kubernetes_options.kubernetes_api == "trainjob" and op.kubernetes_options.deferrable
+    assert op.options("kubernetes").kubernetes_api == "trainjob" and op.options("kubernetes").deferrable
     hook = TrainerHook([FAILED], log_text="[0]<stdout>:step")
     with mock.patch(
         "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
