@@ -419,7 +419,8 @@ def test_the_deferrable_operator_defers_on_the_trainjob_and_finishes_it(tmp_path
         output=str(tmp_path / "o"),
         execution_timeout=timedelta(hours=1),
     )
-    assert op.options("kubernetes").kubernetes_api == "trainjob" and op.options("kubernetes").deferrable
+    options = op.options("kubernetes")
+    assert options.kubernetes_api == "trainjob" and options.deferrable
     hook = TrainerHook([FAILED], log_text="[0]<stdout>:step")
     with mock.patch(
         "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
