@@ -11,7 +11,7 @@ failure                                       decision   why
 an invalid setting (``ValueError``,           fail       the same setting fails the same way
 ``TypeError``, the contract's checks)
 the image cannot be pulled                    fail       the tag or the registry login is wrong
-                                                         (a registry that answered 5xx: retry)
+                                                         (other engine errors: the default)
 the Kubernetes API refused (401/403/404/422)  fail       RBAC, a missing CRD, a bad manifest
 S3 or the Kubernetes API answered 5xx/429,    retry,     the same call may succeed later; the
 throttled, timed out or could not be reached  backoff    delay doubles per try (``backoff``)
