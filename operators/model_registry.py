@@ -130,8 +130,7 @@ def read_latest(
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None, None
-        kind = storage.TransientStorageError if storage.is_transient(e) else storage.StorageError
-        raise kind(f"cannot read {uri}: {e}") from e
+        raise storage.error_kind(e)(f"cannot read {uri}: {e}") from e
     return LATEST.loads(response["Body"].read(), uri), str(response["ETag"])
 
 
@@ -178,22 +177,20 @@ def check_conditional_writes(s3: Any, bucket: str, prefix_uri: str) -> None:
             return str(e.response.get("Error", {}).get("Code"))
         return None
 
+    precondition_failed = ("PreconditionFailed", "412")
+    wrong_etag = '"0123456789abcdef0123456789abcdef"'
     accepted: list[str] = []
     try:
         with storage.s3_errors(
             "PutObject (conditional-write probe)", f"s3://{bucket}/{created}", s3
         ):
             s3.put_object(Bucket=bucket, Key=created, Body=b"probe", IfNoneMatch="*")
-        if refused(Key=created, IfNoneMatch="*") not in ("PreconditionFailed", "412"):
+        if refused(Key=created, IfNoneMatch="*") not in precondition_failed:
             accepted.append("a second create with If-None-Match: * (it must answer 412)")
-        if refused(Key=created, IfMatch='"0123456789abcdef0123456789abcdef"') not in (
-            "PreconditionFailed",
-            "412",
-        ):
+        if refused(Key=created, IfMatch=wrong_etag) not in precondition_failed:
             accepted.append("a write with If-Match of a wrong ETag (it must answer 412)")
-        if refused(Key=missing, IfMatch='"0123456789abcdef0123456789abcdef"') not in (
-            "PreconditionFailed",
-            "412",
+        if refused(Key=missing, IfMatch=wrong_etag) not in (
+            *precondition_failed,
             "NoSuchKey",
             "404",
         ):
@@ -261,8 +258,7 @@ def write_latest(
         # NoSuchKey: If-Match on a latest.json that was deleted since the gate read it.
         if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey"):
             raise _champion_changed(uri, expected_etag, f"S3 said {code}") from e
-        kind = storage.TransientStorageError if storage.is_transient(e) else storage.StorageError
-        raise kind(f"cannot write {uri}: {e}") from e
+        raise storage.error_kind(e)(f"cannot write {uri}: {e}") from e
     return uri
 
 

@@ -27,7 +27,6 @@ delay, never add tries beyond ``retries``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ from horovod_airflow.operators.exceptions import (
     HorovodTimeoutError,
     HorovodTrainingError,
 )
+from horovod_airflow.trainer import storage
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context
@@ -47,19 +47,9 @@ if TYPE_CHECKING:
 API_REFUSALS = frozenset({400, 401, 403, 404, 422})
 
 
-def _chain(e: BaseException) -> Iterator[BaseException]:
-    """``e`` and what it wraps (``__cause__``, else ``__context__``), each once."""
-    seen: set[int] = set()
-    err: BaseException | None = e
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__
-
-
 def _api_status(e: BaseException) -> int | None:
     """The HTTP status of a Kubernetes ``ApiException`` in ``e``'s chain, if any."""
-    for err in _chain(e):
+    for err in storage.exception_chain(e):
         status = getattr(err, "status", None)
         if type(err).__name__ == "ApiException" and isinstance(status, int):
             return status
@@ -68,7 +58,7 @@ def _api_status(e: BaseException) -> int | None:
 
 def _unreachable(e: BaseException) -> bool:
     """A connection to a server (the Kubernetes API, the container engine) failed or timed out."""
-    for err in _chain(e):
+    for err in storage.exception_chain(e):
         module = type(err).__module__
         if isinstance(err, ConnectionError | TimeoutError):
             return True
@@ -81,8 +71,6 @@ def _unreachable(e: BaseException) -> bool:
 
 def classify(e: BaseException) -> tuple[str, str]:
     """(``"fail"``, ``"transient"``, ``"retry"`` or ``"default"``, the reason) for ``e``."""
-    from horovod_airflow.trainer import storage
-
     if storage.is_transient(e):
         return "transient", "the object store answered 'try again' (5xx, 429, throttled, timeout)"
     status = _api_status(e)

@@ -229,7 +229,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         ti = context.get("ti")
         try_number = int(getattr(ti, "try_number", 1) or 1)
         if try_number > 1:
-            self.refuse_completed_training(try_number)  # a Clear of a successful train
+            # execute returned a completed training of this task already; one that appeared
+            # since it looked (or reached by build_spec alone) is never overwritten
+            self.refuse_completed_training(try_number)
         resume = self.resume_on_retry and try_number > 1  # a failed try of this same run
         program = program_argv(
             self.entrypoint,

@@ -51,6 +51,22 @@ _TRANSIENT_CODES = frozenset(
 )  # fmt: skip
 
 
+def exception_chain(e: BaseException) -> Iterator[BaseException]:
+    """``e`` and what it wraps (``__cause__``, else ``__context__``), each once."""
+    seen: set[int] = set()
+    err: BaseException | None = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def error_kind(e: BaseException) -> type[StorageError]:
+    """The :class:`StorageError` to raise for ``e``: :class:`TransientStorageError` where
+    repeating the call may cure it (:func:`is_transient`)."""
+    return TransientStorageError if is_transient(e) else StorageError
+
+
 def is_transient(e: BaseException) -> bool:
     """Whether ``e`` (or what it wraps) is a failure that repeating the call may cure: the
     endpoint unreachable or timing out, a connection cut, a 5xx or 429 answer, throttling.
@@ -64,10 +80,7 @@ def is_transient(e: BaseException) -> bool:
         ResponseStreamingError,
     )
 
-    seen: set[int] = set()
-    err: BaseException | None = e
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
+    for err in exception_chain(e):
         if isinstance(err, TransientStorageError):
             return True
         if isinstance(err, ClientError):
@@ -84,7 +97,6 @@ def is_transient(e: BaseException) -> bool:
              ResponseStreamingError),
         ):  # fmt: skip
             return True
-        err = err.__cause__ or err.__context__
     return False
 
 
@@ -118,7 +130,7 @@ def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         where = f"S3 {operation} of {uri} at {endpoint_of(client)}"
-        kind = TransientStorageError if is_transient(e) else StorageError
+        kind = error_kind(e)
         if isinstance(e, ClientError):
             error = e.response.get("Error", {})
             code = str(error.get("Code", "?"))

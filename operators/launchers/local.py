@@ -344,12 +344,14 @@ class LocalLauncher(Launcher):
         python = shutil.which(str(spec.preflight_argv[0]), path=env.get("PATH"))
         self._doctor_python = os.path.abspath(python) if python else None
 
-    def launch_argv(self, spec: JobSpec, env: dict[str, str]) -> list[str]:
-        """The command to start: :meth:`command`, or horovodrun's entry point run in
-        horovodrun's own interpreter without its Gloo probe (``VERIFIED_GLOO_HOROVODRUN``)
-        when this job's doctor reported ``gloo_built: True`` for that same interpreter and
-        that same horovodrun."""
-        argv = self.command(spec)
+    def launch_argv(
+        self, spec: JobSpec, env: dict[str, str], command: list[str] | None = None
+    ) -> list[str]:
+        """The command to start: :meth:`command` (``command`` when already built), or
+        horovodrun's entry point run in horovodrun's own interpreter without its Gloo probe
+        (``VERIFIED_GLOO_HOROVODRUN``) when this job's doctor reported ``gloo_built: True``
+        for that same interpreter and that same horovodrun."""
+        argv = list(command) if command is not None else self.command(spec)
         python = self._doctor_python
         if not (
             spec.distributed
@@ -443,7 +445,7 @@ class LocalLauncher(Launcher):
         self._stop_earlier_try(log)
         self._marker = f"{os.getpid()}-{secrets.token_hex(8)}"
         env[JOB_MARKER_VAR] = self._marker
-        argv = self.launch_argv(spec, env)
+        argv = self.launch_argv(spec, env, command)
         if argv != command:
             log.info(
                 "starting horovodrun as its own entry point in %s, without its Gloo probe "
