@@ -222,7 +222,10 @@ class SeaweedFS:
         argv = [
             weed, "mini", f"-dir={self.data_dir / 'data'}", f"-ip={self.address}",
             f"-ip.bind={self.address}", f"-s3.config={self.config}", "-webdav=false",
-            "-admin.ui=false", "-s3.autoCreateBucket=false", "-s3.allowDeleteBucketNotEmpty=false", *(f"-{name}={port}" for name, port in ports.items()),
+            "-admin.ui=false",
+            # as AWS: no bucket made by a PUT into it, none deleted with objects in it
+            "-s3.autoCreateBucket=false", "-s3.allowDeleteBucketNotEmpty=false",
+            *(f"-{name}={port}" for name, port in ports.items()),
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
