@@ -28,6 +28,11 @@ horovod_airflow.trainer
    It emits the `latest.json` Asset with the version, ONNX URI, sha256, accuracy and dataset
    hash as the event's `extra`, which schedules serving-side DAGs.
 
+Alerts: a failed task, and a refused gate, mail `HVA_ALERT_EMAILS` through the SMTP
+connection `HVA_SMTP_CONN_ID`; a refusing gate fails (and so alerts) once
+`HVA_STALE_AFTER_RUNS` runs in a row were refused or nothing was published for
+`HVA_STALE_AFTER_DAYS` days.
+
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
 ranks, trainer image, GPUs per rank, Docker network); train and export share its
@@ -56,12 +61,16 @@ from horovod_airflow.operators.settings import (
     DATASET_SOURCES,
     DEFAULT_LAUNCHER,
     DEFAULT_NUM_PROC,
+    FAILURE_ALERTS,
     LATEST_MODEL_ASSET_NAME,
     LATEST_MODEL_URI,
     MAX_REGRESSION_CEILING,
     MIN_ACCURACY_FLOOR,
     MODEL_NAME,
+    REFUSED_ALERTS,
     RUN_TIMEOUT,
+    STALE_AFTER_DAYS,
+    STALE_AFTER_RUNS,
     TASK_TIMEOUT,
     TRAINER_JOB,
     gate_param,
@@ -83,7 +92,8 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
     user_defined_filters={"safe_key": safe_key},
     dagrun_timeout=RUN_TIMEOUT,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
-                  "execution_timeout": TASK_TIMEOUT},
+                  "execution_timeout": TASK_TIMEOUT,
+                  "on_failure_callback": FAILURE_ALERTS},
     tags=["horovod", "training", "mnist"],
     params={
         "num_proc": Param(DEFAULT_NUM_PROC, type="integer", minimum=1, maximum=512,
@@ -143,6 +153,9 @@ def mnist_horovod_retrain() -> None:
         min_accuracy_floor=MIN_ACCURACY_FLOOR,
         max_regression_ceiling=MAX_REGRESSION_CEILING,
         aws_conn_id=AWS_CONN_ID,
+        on_refused=REFUSED_ALERTS,
+        stale_after_runs=STALE_AFTER_RUNS,
+        stale_after_days=STALE_AFTER_DAYS,
     )
 
     export_onnx = HorovodExportOperator(

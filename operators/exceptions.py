@@ -102,3 +102,9 @@ class ChampionChangedError(PublishRefusedError):
     Nothing was overwritten. Re-run the gate (clear it and its downstream tasks) to compare
     against the new champion.
     """
+
+
+class StaleModelError(AirflowFailException):
+    """Serving has stayed on one model too long: too many runs in a row refused by the gate,
+    or nothing published for too many days. Fails the gate task (and so alerts) without a
+    retry: a retry would find the same history."""

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 
+from horovod_airflow.operators.alerts import check_staleness, notify, staleness
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import HorovodConfigError
 from horovod_airflow.operators.job import (
     as_fraction,
+    as_int,
     as_mapping,
     check_name,
     check_upstream,
@@ -27,6 +29,7 @@ from horovod_airflow.operators.job import (
 from horovod_airflow.operators.model_registry import (
     DEFAULT_CHAMPION_SCORER,
     gate_challenger,
+    read_latest,
     resolve_champion_scorer,
 )
 from horovod_airflow.operators.retry import with_retry_policy
@@ -82,6 +85,14 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
     :param ignore_downstream_trigger_rules: as in ``ShortCircuitOperator``: True (default)
         skips every downstream task; False skips the direct ones and lets the others'
         trigger rules decide.
+    :param on_refused: notifiers (``BaseNotifier``) called when the gate refuses, with the
+        task's context plus ``gate`` (the decision: ``reason``, accuracies, champion); e.g.
+        :func:`horovod_airflow.operators.alerts.alert_notifiers` ``("refused", ...)``.
+    :param stale_after_runs / stale_after_days: on a refusal, fail the task
+        (:class:`StaleModelError`, so the failure alerts fire) when this many runs in a row
+        were refused (this one included), or when nothing was published for this many days;
+        the refused runs are the ``gate.json`` files of the DAG's run folders (the parent of
+        ``metrics["output"]``). None: no such check.
     """
 
     template_fields: Sequence[str] = (
@@ -112,9 +123,23 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         champion_scorer: str | Callable[..., dict[str, Any]] | None = DEFAULT_CHAMPION_SCORER,
         min_accuracy_floor: float = 0.0,
         max_regression_ceiling: float = 1.0,
+        on_refused: Sequence[Any] = (),
+        stale_after_runs: int | None = None,
+        stale_after_days: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**with_retry_policy(kwargs))
+        self.on_refused = list(on_refused)
+        if stale_after_runs is not None:
+            stale_after_runs = as_int(stale_after_runs, "stale_after_runs", minimum=1)
+        if stale_after_days is not None and (
+            isinstance(stale_after_days, bool)
+            or not isinstance(stale_after_days, int | float)
+            or stale_after_days <= 0
+        ):
+            raise ValueError(f"stale_after_days must be days > 0 or None, got {stale_after_days!r}")
+        self.stale_after_runs = stale_after_runs
+        self.stale_after_days = stale_after_days
         self.min_accuracy_floor = as_fraction(min_accuracy_floor, "min_accuracy_floor")
         self.max_regression_ceiling = as_fraction(max_regression_ceiling, "max_regression_ceiling")
         if not isinstance(champion_scorer, str) or champion_scorer.count(":") != 1:
@@ -157,8 +182,31 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         )
         if decision.passed:
             return decision.as_dict()
+        notify(self.on_refused, context, gate=decision.as_dict())
+        self._check_staleness(settings, metrics)
         self.skip_downstream(context)
         return None
+
+    def _check_staleness(self, settings: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
+        """After a refusal: raise :class:`StaleModelError` past either staleness limit."""
+        if self.stale_after_runs is None and self.stale_after_days is None:
+            return
+        from horovod_airflow.trainer import storage
+
+        client = self.s3_client_for(self.bucket_uri, metrics["output"])
+        champion, _ = read_latest(settings["bucket_uri"], settings["model_name"], client=client)
+        runs_prefix = str(metrics["output"]).rstrip("/").rsplit("/", 1)[0]
+        state = staleness(storage.join(runs_prefix), champion, client=client)
+        self.log.info(
+            "since the champion: %d refused run(s), %s day(s)",
+            state.refused_runs,
+            "—" if state.days is None else f"{state.days:.1f}",
+        )
+        check_staleness(
+            state,
+            max_refused_runs=self.stale_after_runs or 10**9,
+            max_days=self.stale_after_days or float("inf"),
+        )
 
     def _rendered_settings(self) -> dict[str, Any]:
         """The rendered fields, validated, as :func:`gate_challenger`'s keyword arguments."""

@@ -19,6 +19,10 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_MIN_ACCURACY_FLOOR`` | ``0`` | the lowest ``min_accuracy`` a run may ask the gate for |
 | ``HVA_MAX_REGRESSION_CEILING`` | ``1`` | the highest ``max_regression`` a run may ask for |
 | ``HVA_DATASET_SOURCES`` | unset: any | the sources a run may stage: values or ``.../`` prefixes |
+| ``HVA_ALERT_EMAILS`` | unset: none | mailed when a task fails or the gate refuses (a,b) |
+| ``HVA_SMTP_CONN_ID`` | ``smtp_default`` | the Airflow SMTP connection those mails go through |
+| ``HVA_STALE_AFTER_RUNS`` | ``4`` | refused runs in a row after which the gate fails |
+| ``HVA_STALE_AFTER_DAYS`` | ``35`` | days without a publish after which a refusing gate fails |
 
 The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators
 (a conf past them fails the task without retry): whoever may trigger a run may not lower the
@@ -37,6 +41,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from horovod_airflow.operators.alerts import alert_notifiers
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
 from horovod_airflow.trainer.contract import LATEST_NAME
@@ -54,6 +59,20 @@ def minutes(name: str, default: int) -> timedelta:
             f"{name}={raw!r}: expected whole minutes from 1 to 10080 (a week); default {default}"
         )
     return timedelta(minutes=value)
+
+
+def whole(name: str, default: int, high: int) -> int:
+    """``$name`` as a whole number from 1 to ``high``; ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= high:
+        raise ValueError(
+            f"{name}={raw!r}: expected a whole number from 1 to {high}; default {default}"
+        )
+    return value
 
 
 def fraction(name: str, default: float) -> float:
@@ -90,6 +109,18 @@ MAX_REGRESSION_CEILING = fraction("HVA_MAX_REGRESSION_CEILING", 1.0)
 DATASET_SOURCES = tuple(
     s.strip() for s in os.environ.get("HVA_DATASET_SOURCES", "").split(",") if s.strip()
 )
+#: Who hears when nothing ships (operators/alerts.py): mail on a failed task and a refused
+#: gate, and the gate fails once serving has been stale this long.
+ALERT_EMAILS = tuple(
+    e.strip() for e in os.environ.get("HVA_ALERT_EMAILS", "").split(",") if e.strip()
+)
+SMTP_CONN_ID = os.environ.get("HVA_SMTP_CONN_ID", "smtp_default")
+STALE_AFTER_RUNS = whole("HVA_STALE_AFTER_RUNS", 4, 1000)
+STALE_AFTER_DAYS = whole("HVA_STALE_AFTER_DAYS", 35, 3660)
+#: ``on_failure_callback`` of every task, and the gate's ``on_refused``: empty lists without
+#: addresses (the DAG then alerts only through Airflow's own UI and states).
+FAILURE_ALERTS = alert_notifiers("failed", ALERT_EMAILS, SMTP_CONN_ID)
+REFUSED_ALERTS = alert_notifiers("refused", ALERT_EMAILS, SMTP_CONN_ID)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
