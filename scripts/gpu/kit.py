@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -297,10 +298,8 @@ def tree_bytes(repo: Path, kit: Path) -> dict[str, int]:
         ).stdout  # fmt: skip
         total = 0
         for name in filter(None, out.decode().split("\0")):
-            try:
+            with contextlib.suppress(FileNotFoundError):  # deleted here: it does not travel
                 total += (repo / name).lstat().st_size
-            except FileNotFoundError:  # deleted in the work tree: it does not travel
-                pass
         return total
 
     kit_bytes = sum(p.lstat().st_size for p in kit.rglob("*") if p.is_file())
@@ -345,9 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         + f" = {sizes['total'] / MIB:.2f} MiB of {args.limit_mib:g} MiB "
         f"({(limit - sizes['total']) / MIB:.2f} MiB left); {time.perf_counter() - start:.1f} s"
     )
-    (args.dest / SIZE_FILE).write_text(
-        json.dumps({**sizes, "limit": int(limit)}, indent=1) + "\n"
-    )
+    (args.dest / SIZE_FILE).write_text(json.dumps({**sizes, "limit": int(limit)}, indent=1) + "\n")
     if sizes["total"] > limit:
         print(
             f"kit: ERROR: the travelling tree is {sizes['total'] / MIB:.2f} MiB, over the "
