@@ -1,0 +1,151 @@
+"""The GPU check without a GPU (issue #33): the kit the device needs is built and fits the
+device's 64 MiB, and ``scripts/gpu/check.sh --cpu`` runs every step of the device's check on
+CPU, for real (the kit's wheels installed offline, the venv's Horovod, ``horovodrun`` ranks,
+the trainer's export with onnxruntime parity, the seed demo's recipe), so the script cannot rot
+between GPU loans. Nothing here is skipped: a missing piece (no network for the kit's first
+download, no Horovod in the venv) fails the test that needs it, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+KIT_SH = REPO / "scripts" / "gpu" / "kit.sh"
+CHECK_SH = REPO / "scripts" / "gpu" / "check.sh"
+KIT = REPO / ".gpu-kit"  # what check.sh reads by default, and the device call carries
+STEPS = ["environment", "kit", "build", "check-build", "doctor", "train-1", "export"]
+STEPS += ["seed-demo", "train-2"]
+
+
+def run(
+    argv: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kit() -> dict:
+    """``scripts/gpu/kit.sh`` as documented; its kit.json."""
+    done = run(["bash", str(KIT_SH)], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads((KIT / "kit.json").read_text())
+
+
+def test_the_kit_holds_what_the_device_lacks_and_fits(kit: dict) -> None:
+    files = {entry["path"]: entry for entry in kit["files"]}
+    names = sorted(files)
+    assert "horovod-0.28.1.tar.gz" in names
+    wheels = [Path(n).name for n in names if n.startswith("wheels/")]
+    assert any(w.startswith("cffi-") and "-cp312-cp312-manylinux" in w for w in wheels), wheels
+    assert any(w.startswith("pycparser-") for w in wheels), wheels
+    assert any(w.startswith("cmake-3.31.10-") and "manylinux" in w for w in wheels), wheels
+    # The trainer imports boto3/botocore (S3 storage); the device's package list has neither.
+    for dist in ("boto3", "botocore", "jmespath", "s3transfer"):
+        assert any(w.startswith(f"{dist}-") for w in wheels), (dist, wheels)
+    # What the device has is not carried (torch, numpy, onnx, the dependencies it shares).
+    for dist in ("torch-", "numpy-", "onnx", "urllib3-", "python_dateutil-", "six-"):
+        assert not any(w.startswith(dist) for w in wheels), (dist, wheels)
+    assert all(entry["why"] for entry in kit["files"])
+    size = json.loads((KIT / "size.json").read_text())
+    assert size["limit"] == 64 * 2**20
+    assert size["total"] == size["tracked"] + size["untracked"] + size["kit"] <= size["limit"]
+    assert size["kit"] >= sum(entry["bytes"] for entry in kit["files"])
+
+
+def test_a_rerun_downloads_nothing_and_the_limit_is_enforced(kit: dict, tmp_path: Path) -> None:
+    again = run(["bash", str(KIT_SH)], timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "cached, already in place" in again.stdout, again.stdout
+    small = run(["bash", str(KIT_SH), "--dest", str(tmp_path / "kit"), "--limit-mib", "1"], 120)
+    assert small.returncode == 1, small.stdout + small.stderr
+    assert "over the device's 1 MiB" in small.stderr, small.stderr
+    assert "cached, placed" in small.stdout  # the same downloads, linked into a new folder
+
+
+def test_check_cpu_runs_every_step_of_the_device_check(kit: dict, tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = run(["bash", str(CHECK_SH), "--cpu", "--out", str(out), "--work", str(work)], 600)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    data = json.loads((out / "gpu_cpu-rehearsal.json").read_text())
+    steps = {s["name"]: s for s in data["steps"]}
+    assert list(steps) == STEPS
+    failed = {n: s["detail"] for n, s in steps.items() if s["status"] != "ok"}
+    assert not failed, failed
+    fig = {n: s["figures"] for n, s in steps.items()}
+    assert fig["kit"]["cmake"].startswith("cmake version 3.31.10")
+    assert sorted(fig["kit"]["wheels"]) == sorted(
+        Path(e["path"]).name for e in kit["files"] if e["path"].startswith("wheels/")
+    )
+    assert fig["check-build"]["frameworks"] == ["PyTorch"]
+    assert "Gloo" in fig["check-build"]["controllers"]
+    assert fig["doctor"]["ok"] is True and fig["doctor"]["auto_precision"] in ("fp32", "bf16")
+    one, two = fig["train-1"], fig["train-2"]
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    for trained in (one, two):
+        assert 0.3 < trained["val_accuracy"] <= 1.0 and len(trained["epochs"]) == 1
+        assert trained["runtime"]["device"] == "cpu" and trained["samples_per_sec"] > 0
+    assert fig["export"]["passed"] is True and fig["export"]["argmax_mismatches"] == 0
+    assert fig["export"]["onnx_accuracy"] == pytest.approx(one["val_accuracy"])
+    demo = fig["seed-demo"]
+    assert demo["device"] == "cpu" and len(demo["epochs"]) == 1
+    assert 0.0 < demo["best"]["val_accuracy"] <= 1.0
+    # What comes back from the device: few files, no folders, each step logged with its time.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "build.log", "check.log", "gpu_cpu-rehearsal.json", "gpu_cpu-rehearsal.md",
+        "logs.tar.gz",
+    ]  # fmt: skip
+    log = (out / "check.log").read_text()
+    for name in STEPS:
+        assert f"step {name}: ok in " in log, log
+    markdown = (out / "gpu_cpu-rehearsal.md").read_text()
+    assert "**Result: every step passed**" in markdown and "Machine: " in markdown
+    # The rehearsal took the device's path: no Airflow, horovodrun started directly.
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        ours = tar.extractfile("ours-1/ours.log")
+        assert ours is not None
+        assert "no Airflow here, so no local launcher" in ours.read().decode()
+
+
+def test_check_stops_at_a_damaged_kit(kit: dict, tmp_path: Path) -> None:
+    damaged = tmp_path / "kit"
+    shutil.copytree(KIT, damaged)
+    victim = next((damaged / "wheels").glob("pycparser-*.whl"))
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    out = tmp_path / "out"
+    done = run(
+        ["bash", str(CHECK_SH), "--cpu", "--out", str(out), "--kit", str(damaged)], timeout=300
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    steps = {
+        s["name"]: s for s in json.loads((out / "gpu_cpu-rehearsal.json").read_text())["steps"]
+    }
+    assert steps["environment"]["status"] == "ok"
+    assert steps["kit"]["status"] == "failed"
+    assert f"wheels/{victim.name}" in steps["kit"]["detail"]
+    assert all(steps[n]["status"] == "not run" for n in STEPS[2:]), steps
+    assert steps["build"]["detail"] == "needs kit"
+    assert "failed: kit" in (out / "gpu_cpu-rehearsal.md").read_text()
+
+
+def test_check_refuses_to_run_on_the_gpu_path_without_a_gpu(tmp_path: Path) -> None:
+    """Without --cpu, a machine with no CUDA device fails at the first step, saying why."""
+    argv = [sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path)]
+    done = run(argv, timeout=300, env={"CUDA_VISIBLE_DEVICES": ""})  # no GPU, even on one
+    assert done.returncode == 1
+    data = json.loads((tmp_path / "gpu_gpu.json").read_text())
+    assert data["steps"][0]["status"] == "failed"
+    assert "torch sees no CUDA device" in data["steps"][0]["detail"]
+    assert all(s["status"] == "not run" for s in data["steps"][1:])
