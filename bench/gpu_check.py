@@ -86,6 +86,14 @@ def card_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
+def nccl_version() -> str:
+    """The NCCL torch loads: a (major, minor, patch) tuple in torch 2.x, an int before."""
+    import torch
+
+    v = torch.cuda.nccl.version()
+    return ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
+
+
 def run_command(
     argv: list[str], *, log: Path, timeout: float, env: dict[str, str] | None = None
 ) -> str:
@@ -221,7 +229,7 @@ class Check:
                 gpu_memory_mib=props.total_memory // 2**20,
                 compute_capability=f"{props.major}.{props.minor}",
                 multiprocessors=props.multi_processor_count,
-                nccl=".".join(str(v) for v in torch.cuda.nccl.version()),
+                nccl=nccl_version(),
                 bf16_native=bool(torch.cuda.is_bf16_supported(including_emulation=False)),
             )
             self.card = card_slug(props.name)

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import readme
 from tests.conftest import REPO
+from tests.test_readme_commands import CHECK_CPU
+from tests.test_readme_commands import KIT as KIT_COMMAND
 
 KIT_SH = REPO / "scripts" / "gpu" / "kit.sh"
 CHECK_SH = REPO / "scripts" / "gpu" / "check.sh"
@@ -38,8 +41,8 @@ def run(
 
 @pytest.fixture(scope="module")
 def kit() -> dict:
-    """``scripts/gpu/kit.sh`` as documented; its kit.json."""
-    done = run(["bash", str(KIT_SH)], timeout=600)
+    """``scripts/gpu/kit.sh`` as docs/testing.md shows it; its kit.json."""
+    done = readme.run(KIT_COMMAND, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((KIT / "kit.json").read_text())
 
@@ -76,8 +79,8 @@ def test_a_rerun_downloads_nothing_and_the_limit_is_enforced(kit: dict, tmp_path
 
 
 def test_check_cpu_runs_every_step_of_the_device_check(kit: dict, tmp_path: Path) -> None:
-    out, work = tmp_path / "out", tmp_path / "work"
-    done = run(["bash", str(CHECK_SH), "--cpu", "--out", str(out), "--work", str(work)], 600)
+    out = tmp_path / "out"
+    done = readme.run(CHECK_CPU, fill={"<DIR>": str(out)}, timeout=600)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     data = json.loads((out / "gpu_cpu-rehearsal.json").read_text())
     steps = {s["name"]: s for s in data["steps"]}
