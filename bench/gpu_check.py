@@ -154,9 +154,8 @@ class Check:
         *,
         needs: tuple[str, ...] = (),
         estimate: float = 0.0,
-        required: bool = True,
     ) -> None:
-        record: dict[str, Any] = {"name": name, "required": required, "started_at": None}
+        record: dict[str, Any] = {"name": name, "started_at": None}
         blocked = [n for n in needs if self.status(n) != "ok"]
         if blocked:
             record.update(status="not run", detail=f"needs {', '.join(blocked)}")

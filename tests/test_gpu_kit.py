@@ -71,11 +71,11 @@ def test_the_kit_holds_what_the_device_lacks_and_fits(kit: dict) -> None:
 def test_a_rerun_downloads_nothing_and_the_limit_is_enforced(kit: dict, tmp_path: Path) -> None:
     again = run(["bash", str(KIT_SH)], timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "cached, already in place" in again.stdout, again.stdout
+    assert "already in place: every file matches its sha256" in again.stdout, again.stdout
     small = run(["bash", str(KIT_SH), "--dest", str(tmp_path / "kit"), "--limit-mib", "1"], 120)
     assert small.returncode == 1, small.stdout + small.stderr
     assert "over the device's 1 MiB" in small.stderr, small.stderr
-    assert "cached, placed" in small.stdout  # the same downloads, linked into a new folder
+    assert "placed from the cache" in small.stdout  # the same downloads, linked anew
 
 
 def test_check_cpu_runs_every_step_of_the_device_check(kit: dict, tmp_path: Path) -> None:

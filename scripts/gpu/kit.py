@@ -271,11 +271,8 @@ def cached_downloads(req: dict[str, Any], key: str, device: set[str]) -> tuple[P
     return folder, False
 
 
-def place(source: Path, dest: Path, key: str) -> bool:
-    """Make ``dest`` hold the kit of ``source`` (hard links where possible); False when it
-    already did."""
-    if verified(dest, key):
-        return False
+def place(source: Path, dest: Path) -> None:
+    """Make ``dest`` hold the kit of ``source`` (hard links where possible)."""
     shutil.rmtree(dest, ignore_errors=True)
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         target = dest / path.relative_to(source)
@@ -284,7 +281,6 @@ def place(source: Path, dest: Path, key: str) -> bool:
             os.link(path, target)
         except OSError:
             shutil.copy2(path, target)
-    return True
 
 
 def tree_bytes(repo: Path, kit: Path) -> dict[str, int]:
@@ -325,15 +321,17 @@ def main(argv: list[str] | None = None) -> int:
         device = device_packages()
         req = requests(device)
         key = hashlib.sha256(json.dumps(req, sort_keys=True).encode()).hexdigest()
-        source, was_cached = cached_downloads(req, key, device)
-        changed = place(source, args.dest, key)
+        if verified(args.dest, key):
+            state = "already in place: every file matches its sha256"
+        else:
+            source, was_cached = cached_downloads(req, key, device)
+            place(source, args.dest)
+            state = "placed from the cache" if was_cached else "downloaded and placed"
     except KitError as e:
         print(f"kit: ERROR: {e}", file=sys.stderr)
         return 1
     manifest = json.loads((args.dest / "kit.json").read_text())
-    origin = "cached" if was_cached else "downloaded"
-    state = "placed" if changed else "already in place"
-    print(f"kit: {args.dest} (key {key[:16]}, {origin}, {state})")
+    print(f"kit: {args.dest} (key {key[:16]}, {state})")
     for entry in manifest["files"]:
         print(f"kit:   {entry['path']:<72} {entry['bytes'] / MIB:6.2f} MiB  {entry['why']}")
     sizes = tree_bytes(REPO, args.dest)
