@@ -86,6 +86,29 @@ def card_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
+def demo_ratio(ours: dict[str, Any], demo: dict[str, Any]) -> dict[str, Any]:
+    """The seed demo's time over ours, from launch and in the training loops (training +
+    validation), to 99 %; where the demo never reached 99 %, to the end of its best epoch
+    (``basis`` says which). Empty when ours did not reach 99 % or the demo did not run."""
+    if not ours.get("reached_target") or not demo:
+        return {}
+    if demo["time_to_target"]:
+        epoch = demo["time_to_target"]["epoch"]
+        theirs, basis = demo["time_to_target"]["seconds"], "the demo's time to 99 %"
+    else:
+        epoch = demo["best"]["epoch"]
+        theirs = demo["best"]["ended_after"]
+        basis = (
+            f"the demo never reached 99 %: its time to its best accuracy, "
+            f"{100 * demo['best']['val_accuracy']:.2f} % in epoch {epoch}"
+        )
+    loop = sum(e["train_seconds"] + e["val_seconds"] for e in demo["epochs"] if e["epoch"] <= epoch)
+    out = {"ratio": round(theirs / ours["reached_target"]["seconds"], 1), "basis": basis}
+    if ours.get("loop_seconds_to_target"):
+        out["loop_ratio"] = round(loop / ours["loop_seconds_to_target"], 1)
+    return out
+
+
 def nccl_version() -> str:
     """The NCCL torch loads: a (major, minor, patch) tuple in torch 2.x, an int before."""
     import torch
@@ -481,30 +504,17 @@ class Check:
         add("seed demo's time / ours, from launch", ratio.get("ratio"),
             f">= {TARGET_DEMO_RATIO:g}" + (f" ({ratio['basis']})" if "basis" in ratio else ""),
             None if "ratio" not in ratio else ratio["ratio"] >= TARGET_DEMO_RATIO)  # fmt: skip
+        loop_ratio = ratio.get("loop_ratio")
+        add("seed demo's time / ours, training loops only (no start-up, imports, data load)",
+            loop_ratio, f">= {TARGET_DEMO_RATIO:g}",
+            None if loop_ratio is None else loop_ratio >= TARGET_DEMO_RATIO)  # fmt: skip
         return out
 
     def steps_named(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.steps if s["name"] == name), None)
 
     def demo_ratio(self) -> dict[str, Any]:
-        ours, demo = self.figures("train-1"), self.figures("seed-demo")
-        if not ours.get("reached_target") or not demo:
-            return {}
-        mine = ours["reached_target"]["seconds"]
-        if demo["time_to_target"]:
-            theirs, basis = demo["time_to_target"]["seconds"], "the demo's time to 99 %"
-            loop = demo["best"]["loop_seconds"] if demo["best"]["val_accuracy"] else None
-        else:
-            theirs = demo["best"]["ended_after"]
-            basis = (
-                f"the demo never reached 99 %: its time to its best accuracy, "
-                f"{100 * demo['best']['val_accuracy']:.2f} % in epoch {demo['best']['epoch']}"
-            )
-            loop = demo["best"]["loop_seconds"]
-        out = {"ratio": round(theirs / mine, 1), "basis": basis}
-        if loop and ours.get("loop_seconds_to_target"):
-            out["loop_ratio"] = round(loop / ours["loop_seconds_to_target"], 1)
-        return out
+        return demo_ratio(self.figures("train-1"), self.figures("seed-demo"))
 
     def render(self) -> str:
         f = self.facts
@@ -561,9 +571,6 @@ class Check:
                 ],
             )
         ]
-        ratio = self.demo_ratio()
-        if "loop_ratio" in ratio:
-            lines += ["", f"Counting only the training loops: {ratio['loop_ratio']}×."]
         if "machine" in f:
             lines += ["", machine_line(f["machine"])]
         return "\n".join(lines) + "\n"

@@ -152,3 +152,33 @@ def test_check_refuses_to_run_on_the_gpu_path_without_a_gpu(tmp_path: Path) -> N
     assert data["steps"][0]["status"] == "failed"
     assert "torch sees no CUDA device" in data["steps"][0]["detail"]
     assert all(s["status"] == "not run" for s in data["steps"][1:])
+
+
+def test_the_demo_ratio_says_what_it_compares() -> None:
+    """The ratio the GPU run reports: to the demo's 99 % when it gets there, else to the end of
+    its best epoch, saying so; from launch and in the training loops alike."""
+    from bench.gpu_check import card_slug, demo_ratio
+
+    ours = {"reached_target": {"epoch": 1, "seconds": 10.0}, "loop_seconds_to_target": 2.0}
+    epochs = [
+        {"epoch": 1, "train_seconds": 20.0, "val_seconds": 1.0, "val_accuracy": 0.985},
+        {"epoch": 2, "train_seconds": 20.0, "val_seconds": 1.0, "val_accuracy": 0.991},
+        {"epoch": 3, "train_seconds": 20.0, "val_seconds": 1.0, "val_accuracy": 0.993},
+    ]
+    best = {"epoch": 3, "val_accuracy": 0.993, "ended_after": 70.0}
+    reached = {"epochs": epochs, "time_to_target": {"epoch": 2, "seconds": 50.0}, "best": best}
+    assert demo_ratio(ours, reached) == {
+        "ratio": 5.0, "basis": "the demo's time to 99 %", "loop_ratio": 21.0,
+    }  # fmt: skip
+    below = [{**e, "val_accuracy": a} for e, a in zip(epochs, (0.97, 0.985, 0.98), strict=True)]
+    never = {"epochs": below, "time_to_target": None,
+             "best": {"epoch": 2, "val_accuracy": 0.985, "ended_after": 48.0}}  # fmt: skip
+    got = demo_ratio(ours, never)
+    assert (got["ratio"], got["loop_ratio"]) == (4.8, 21.0)
+    assert (
+        got["basis"].startswith("the demo never reached 99 %")
+        and "98.50 % in epoch 2" in got["basis"]
+    )
+    assert demo_ratio({"reached_target": None}, reached) == {}
+    cards = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")
+    assert [card_slug(n) for n in cards] == ["h100", "h200", "a100"]
