@@ -182,3 +182,77 @@ def test_the_demo_ratio_says_what_it_compares() -> None:
     assert demo_ratio({"reached_target": None}, reached) == {}
     cards = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB")
     assert [card_slug(n) for n in cards] == ["h100", "h200", "a100"]
+
+
+def test_the_gpu_results_carry_every_figure_and_verdict(tmp_path: Path) -> None:
+    """What the device run writes, from step records of the shapes its steps return (the GPU
+    itself is not here): card, versions, each step's figures and the targets' verdicts."""
+    import argparse
+
+    from bench.gpu_check import Check
+
+    args = argparse.Namespace(cpu=False, out=tmp_path, work=tmp_path / "w", kit=KIT, budget=450.0)
+    check = Check(args)
+    check.card = "h100"
+    check.facts = {
+        "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_mib": 81559, "compute_capability": "9.0",
+        "multiprocessors": 132, "bf16_native": True, "driver": "580.159.04",
+        "torch": "2.11.0+cu130", "torch_cuda": "13.0", "cudnn": 91900, "nccl": "2.28.9",
+        "python": "3.12.3", "python_executable": "/opt/torch/.venv/bin/python3",
+        "nvcc": "Build cuda_13.0", "gxx": "g++ 13.3.0", "image_cmake": "cmake version 4.4.3",
+    }  # fmt: skip
+    epoch = {"epoch": 1, "epoch_seconds": 3.1, "val_accuracy": 0.9921, "ended_after": 12.0,
+             "train_samples_per_sec": 25000.0, "val_loss": 0.03}  # fmt: skip
+    train = {
+        "world_size": 1, "val_accuracy": 0.9921, "epochs": [epoch], "train_seconds": 6.0,
+        "wall_seconds": 13.0, "loop_seconds": 3.1, "reached_target": {"epoch": 1, "seconds": 12.0},
+        "loop_seconds_to_target": 3.1, "samples_per_sec": 25000.0,
+        "runtime": {"device": "cuda:0", "precision": "bf16", "channels_last": True},
+    }  # fmt: skip
+    demo_epochs = [
+        {"epoch": e, "train_seconds": 30.0, "val_seconds": 2.0, "val_accuracy": a,
+         "train_samples_per_sec": 2000.0, "ended_after": 10.0 + 32 * e}
+        for e, a in ((1, 0.984), (2, 0.988), (3, 0.9905))
+    ]  # fmt: skip
+    figures = {
+        "environment": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130"},
+        "kit": {"wheels": ["a.whl"], "install_seconds": 4.0, "cmake": "cmake version 3.31.10"},
+        "build": {"gpu_operations": "NCCL", "cuda_cc_list": "90", "built": "built in 150s"},
+        "check-build": {"frameworks": ["PyTorch"], "tensor_operations": ["NCCL", "Gloo"]},
+        "doctor": {"ok": True, "gpus": 1, "auto_precision": "bf16", "auto_channels_last": True,
+                   "auto_reason": "cuda has native bf16"},
+        "train-1": train,
+        "export": {"passed": True, "max_abs_diff": 2e-6, "argmax_mismatches": 0,
+                   "samples": 1000, "onnx_accuracy": 0.992, "export_seconds": 6.0},
+        "seed-demo": {"device": "cuda", "epochs": demo_epochs, "wall_seconds": 110.0,
+                      "time_to_target": {"epoch": 3, "seconds": 106.0},
+                      "best": {"epoch": 3, "val_accuracy": 0.9905, "ended_after": 106.0}},
+        "train-2": {"refused": True, "why": ["RuntimeError: CUDA error: invalid device ordinal"]},
+    }  # fmt: skip
+    seconds = {"build": 160.0, "kit": 5.0}
+    for name in STEPS:
+        record = {"name": name, "status": "ok", "detail": "", "started_at": 1.0}
+        check.steps.append({**record, "seconds": seconds.get(name, 10.0), "figures": figures[name]})
+    check.write()
+    markdown = (tmp_path / "gpu_h100.md").read_text()
+    assert markdown.startswith("# GPU check on one NVIDIA H100 80GB HBM3")
+    assert "**Result: every step passed**" in markdown
+    for fact in ("580.159.04", "2.11.0+cu130 (CUDA 13.0, cuDNN 91900, NCCL 2.28.9)", "9.0"):
+        assert fact in markdown, fact
+    targets = {
+        t["what"]: t for t in json.loads((tmp_path / "gpu_h100.json").read_text())["targets"]
+    }
+    assert targets["set-up: kit install + Horovod build"]["value"] == 164.0
+    assert targets["set-up: kit install + Horovod build"]["verdict"] == "met"
+    assert targets["1 rank: allreduced validation accuracy"]["verdict"] == "met"
+    assert targets["1 rank: time in the training loop to 99 %"]["verdict"] == "met"
+    launch = targets["seed demo's time / ours, from launch"]
+    assert (launch["value"], launch["verdict"]) == (8.8, "MISSED")  # 106 / 12
+    loops = [t for w, t in targets.items() if w.startswith("seed demo's time / ours, training")]
+    assert (loops[0]["value"], loops[0]["verdict"]) == (31.0, "met")  # 96 / 3.1
+    assert "refused: RuntimeError: CUDA error: invalid device ordinal" in markdown
+    assert "| 1 rank: allreduced validation accuracy | 99.21 % | >= 99.0 % | met |" in markdown
+    assert "| seed demo's time / ours, from launch | 8.8× |" in markdown
+    for line in markdown.splitlines():  # no figure breaks its table's columns
+        if line.startswith("| train-1 ") or line.startswith("| export "):
+            assert line.count("|") == 6, line
