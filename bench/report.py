@@ -6,6 +6,7 @@ Runs in the benchmark driver process (not in a Horovod rank); imports torch lazi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -190,9 +191,18 @@ def run_horovod(
     if np < 1:
         raise ValueError(f"np (Horovod ranks) must be >= 1, got {np}")
     # Imported here: the ranks import this module too and need neither Airflow nor psutil.
-    from horovod_airflow.operators.exceptions import HorovodTimeoutError, HorovodTrainingError
-    from horovod_airflow.operators.launchers.base import JobSpec
-    from horovod_airflow.operators.launchers.local import LocalLauncher
+    try:
+        from horovod_airflow.operators.exceptions import (
+            HorovodTimeoutError,
+            HorovodTrainingError,
+        )
+        from horovod_airflow.operators.launchers.base import JobSpec
+        from horovod_airflow.operators.launchers.local import LocalLauncher
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] != "airflow":
+            raise
+        # A trainer-only host (the GPU device image has no Airflow): horovodrun directly.
+        return run_horovodrun(np, module_args, log=log, timeout=timeout, env=env)
 
     # The local launcher runs horovodrun -np N -H localhost:N around the program.
     spec = JobSpec(
@@ -222,6 +232,66 @@ def run_horovod(
         command = f"horovodrun -np {np} {' '.join(spec.argv)}"
         raise RuntimeError(f"{command} {why}; log tail ({log}):\n{tail}")
     return HorovodRun(wall_seconds=wall, lines=lines, log=log)
+
+
+def run_horovodrun(
+    np: int,
+    module_args: Sequence[str],
+    *,
+    log: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> HorovodRun:
+    """:func:`run_horovod` where Airflow (and so the local launcher) is absent: the same
+    ``horovodrun --gloo -np N -H localhost:N python -m <module_args>``, each line stamped; past
+    ``timeout`` horovodrun and every process under it are killed (psutil)."""
+    import subprocess
+    import threading
+
+    import psutil
+
+    env = env or rank_env()
+    here = Path(sys.executable).parent / "horovodrun"
+    horovodrun = str(here) if here.exists() else "horovodrun"
+    argv = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}"]
+    argv += [sys.executable, "-m", *module_args]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log.open("w") as f:
+        out = _StampedLog(f, start)
+        out.info("bench: no Airflow here, so no local launcher: started %s", " ".join(argv))
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        stream = proc.stdout
+
+        def pump() -> None:
+            for line in stream:
+                out.info(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        why = ""
+        try:
+            code = proc.wait(timeout=timeout)
+            if code != 0:
+                why = f"exited {code}"
+        except subprocess.TimeoutExpired:
+            tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            proc.wait()
+            why = f"timed out after {timeout:g}s (horovodrun and all its ranks were killed)"
+        reader.join(timeout=10)
+    wall = time.perf_counter() - start
+    if why:
+        rank_lines = [line for _, line in out.lines if RANK_PREFIX.match(line)]
+        tail = "\n".join(rank_lines[-30:] or [line for _, line in out.lines[-40:]])
+        raise RuntimeError(f"{' '.join(argv)} {why}; log tail ({log}):\n{tail}")
+    return HorovodRun(wall_seconds=wall, lines=out.lines, log=log)
 
 
 def json_events(run: HorovodRun, event: str | None = None) -> list[tuple[float, dict[str, Any]]]:

@@ -4,8 +4,9 @@
 #   scripts/build_horovod.sh [PYTHON]          # PYTHON defaults to .venv/bin/python
 #
 # Horovod's last release (0.28.1, 2023) predates current PyTorch. Three things make it build:
-#   1. torch >= 2.14 headers need C++20, but Horovod's CMake pins C++14: a CXX wrapper
-#      (scripts/cxx20) rewrites -std=c++14 / gnu++14 to gnu++20 and execs g++.
+#   1. torch's headers need C++17 (torch 2.1-2.13) or C++20 (>= 2.14), but Horovod's CMake pins
+#      C++14: where torch/all.h asks for more, a CXX wrapper (scripts/cxx20) rewrites
+#      -std=c++14 / gnu++14 to the standard torch asks for (HVA_CXX_STD) and execs g++.
 #   2. A CUDA build of torch makes Horovod look for a CUDA toolkit. We assemble one from what
 #      the torch wheel ships (nvidia/cu13 headers and libraries) plus the machine's nvcc.
 #   3. pip's cmake 4 rejects gloo's cmake_minimum_required; the system cmake (3.13 <= v < 4) is used.
@@ -86,7 +87,16 @@ log "building $key (takes 6-12 minutes on 2 cores; cached afterwards in $cache)"
 work=$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-export CXX="$here/cxx20"
+# The C++ standard torch's headers require (torch/all.h: "#if __cplusplus < 202002L #error C++20
+# or later ..."); Horovod's CMake gives C++14, so a torch that needs more gets the wrapper.
+all_h="$torch_inc/torch/csrc/api/include/torch/all.h"
+need=$(grep -o '__cplusplus < 20[0-9]*L' "$all_h" 2>/dev/null | head -1 | grep -o '20[0-9]*' || true)
+if [ -n "$need" ] && [ "$need" -gt 201402 ]; then
+  export HVA_CXX_STD="gnu++${need:2:2}" CXX="$here/cxx20"
+  log "torch $torch_ver's headers need C++${need:2:2}, Horovod pins C++14: CXX=scripts/cxx20 (-std=$HVA_CXX_STD)"
+else
+  log "torch $torch_ver's headers need no more than C++14: the plain compiler"
+fi
 export CC=${CC:-gcc}
 export HOROVOD_CMAKE=$CMAKE
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1

@@ -60,6 +60,8 @@ EXPORT = (
 )
 DOCTOR = "python -m horovod_airflow.trainer doctor --np 2 [--gpus-per-proc 1] [--json]"
 PODMAN_ENV = 'eval "$(scripts/engines/podman_engine.sh env)"'
+KIT = "scripts/gpu/kit.sh"
+CHECK_CPU = "scripts/gpu/check.sh --cpu --out <DIR>"
 RUN_BY: dict[str, str] = {
     "scripts/run_pipeline.sh": f"{COLD_CI}, after .ci/run",
     "scripts/test.sh": f"{COLD_CI}: .ci/run runs it",
@@ -84,6 +86,9 @@ RUN_BY: dict[str, str] = {
     TRAIN: TRAINER_TEST,
     EXPORT: TRAINER_TEST,
     DOCTOR: "tests/trainer/test_options.py (doctor tests)",
+    # The GPU check: its kit and its CPU rehearsal (the device call itself is no shell command)
+    KIT: "tests/test_gpu_kit.py (the kit fixture)",
+    CHECK_CPU: "test_check_cpu_runs_every_step_of_the_device_check",
     # Real engines on one machine
     "scripts/engines/podman_engine.sh start": "tests/engine_scripts.py (podman_cli_env)",
     "scripts/engines/podman_engine.sh image": "tests/engines/conftest.py (podman_engine)",
