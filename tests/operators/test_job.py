@@ -416,3 +416,19 @@ def test_a_task_state_store_that_fails_is_a_warning_and_the_labels_decide():
     assert made_by_this_task("beef", "3", {"id": "c0ffee", "try_number": 2})
     assert not made_by_this_task("beef", "2", {"id": "c0ffee", "try_number": 2})
     assert not made_by_this_task("beef", None, {"id": "c0ffee", "try_number": 2})
+
+
+@pytest.mark.parametrize("launcher", ["local", "docker", "kubernetes"])
+def test_the_ranks_get_the_rank_connections_credentials_on_every_launcher(s3_server, launcher):
+    """rank_aws_conn_id: the job's credentials are the ranks' identity's, whatever the
+    launcher; the worker keeps its own (aws_conn_id) for what it reads and publishes."""
+    image = {} if launcher == "local" else {"image": "hva/trainer:1"}
+    op = _train(launcher=launcher, aws_conn_id="aws_default", rank_aws_conn_id="hva_ranks",
+                **image)  # fmt: skip
+    public, secret = op.job_env()
+    assert secret["AWS_ACCESS_KEY_ID"] == s3_server.ranks.access_key
+    assert secret["AWS_SECRET_ACCESS_KEY"] == s3_server.ranks.secret_key
+    assert public["AWS_ENDPOINT_URL"] == s3_server.endpoint
+    assert op.s3_hook.get_credentials().access_key == s3_server.worker.access_key
+    default = _train(launcher=launcher, aws_conn_id="aws_default", **image)
+    assert default.job_env()[1]["AWS_ACCESS_KEY_ID"] == s3_server.worker.access_key
