@@ -102,3 +102,9 @@ class ChampionChangedError(PublishRefusedError):
     Nothing was overwritten. Re-run the gate (clear it and its downstream tasks) to compare
     against the new champion.
     """
+
+
+class RetentionConflictError(AirflowException):
+    """The registry (a ``latest.json`` or the set of published versions) changed between the
+    retention plan and a deletion: the plan may delete what the new state needs, so it is
+    refused. A retry (or the next pass) plans again over the new state."""

@@ -18,6 +18,10 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_MIN_ACCURACY_FLOOR`` | ``0`` | the lowest ``min_accuracy`` a run may ask the gate for |
 | ``HVA_MAX_REGRESSION_CEILING`` | ``1`` | the highest ``max_regression`` a run may ask for |
 | ``HVA_DATASET_SOURCES`` | unset: any | the sources a run may stage: values or ``.../`` prefixes |
+| ``HVA_RETENTION_KEEP_RUNS`` | ``10`` | run prefixes kept per DAG, newest first (1 to 100000) |
+| ``HVA_RETENTION_IN_FLIGHT_MINUTES`` | ``2880`` | a run or dataset written to this recently |
+|  |  | is in flight, never deleted (at least ``HVA_RUN_TIMEOUT_MINUTES``) |
+| ``HVA_RETENTION_DRY_RUN`` | ``true`` | the maintenance DAG's default: list, do not delete |
 
 The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators
 (a conf past them fails the task without retry): whoever may trigger a run may not lower the
@@ -28,6 +32,11 @@ and the MPIJob/TrainJob ``activeDeadlineSeconds``. The run's keeps a hung run fr
 ``max_active_runs=1`` (and so every later scheduled run) forever.
 
 ``TRAINER_JOB`` bundles the settings the DAG's train and export tasks share.
+
+The retention settings are the policy of the maintenance DAG (``dags/bucket_retention.py``,
+:mod:`horovod_airflow.operators.retention`): published versions, ``latest.json`` and the
+datasets they name are always kept; these say how many runs are kept and when a run counts
+as in flight. Dry-run is the default, so a new deployment first reads what would go.
 """
 
 from __future__ import annotations
@@ -67,6 +76,34 @@ def fraction(name: str, default: float) -> float:
     return value
 
 
+def whole(name: str, default: int, low: int, high: int) -> int:
+    """``$name`` as a whole number from ``low`` to ``high``; ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(
+            f"{name}={raw!r}: expected a whole number from {low} to {high}; default {default}"
+        )
+    return value
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def flag(name: str, default: bool) -> bool:
+    """``$name`` as a yes/no setting (true/false, 1/0, yes/no, on/off); ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default).lower()
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    allowed = ", ".join(_TRUE + _FALSE)
+    raise ValueError(f"{name}={raw!r}: expected one of {allowed}; default {str(default).lower()}")
+
+
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
 BUCKET_URI = f"s3://{BUCKET}"
@@ -87,6 +124,17 @@ MAX_REGRESSION_CEILING = fraction("HVA_MAX_REGRESSION_CEILING", 1.0)
 DATASET_SOURCES = tuple(
     s.strip() for s in os.environ.get("HVA_DATASET_SOURCES", "").split(",") if s.strip()
 )
+#: The retention policy of the maintenance DAG (horovod_airflow.operators.retention).
+RETENTION_KEEP_RUNS = whole("HVA_RETENTION_KEEP_RUNS", 10, 1, 100_000)
+RETENTION_IN_FLIGHT = minutes("HVA_RETENTION_IN_FLIGHT_MINUTES", 2880)
+if RETENTION_IN_FLIGHT < RUN_TIMEOUT:
+    # A run is over by its dagrun_timeout: a shorter window could call a running one finished.
+    raise ValueError(
+        f"HVA_RETENTION_IN_FLIGHT_MINUTES={RETENTION_IN_FLIGHT.total_seconds() / 60:.0f}: "
+        f"expected at least HVA_RUN_TIMEOUT_MINUTES ({RUN_TIMEOUT.total_seconds() / 60:.0f}), "
+        "the longest a DAG run can be in flight; default 2880"
+    )
+RETENTION_DRY_RUN = flag("HVA_RETENTION_DRY_RUN", True)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
