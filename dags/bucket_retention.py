@@ -30,6 +30,7 @@ from horovod_airflow.operators.settings import (
     RETENTION_DRY_RUN,
     RETENTION_IN_FLIGHT,
     RETENTION_KEEP_RUNS,
+    RUN_TIMEOUT,
     TASK_TIMEOUT,
 )
 
@@ -42,6 +43,7 @@ from horovod_airflow.operators.settings import (
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
+    dagrun_timeout=RUN_TIMEOUT,
     default_args={"retries": 1, "execution_timeout": TASK_TIMEOUT},
     tags=["maintenance", "retention"],
     params={
