@@ -44,13 +44,14 @@ Runs in the Airflow worker (``BucketRetentionOperator``); needs no torch and no 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from horovod_airflow.operators.exceptions import RetentionConflictError
-from horovod_airflow.operators.model_registry import read_latest
+from horovod_airflow.operators.model_registry import KEY_HASH_CHARS, read_latest
 from horovod_airflow.trainer import layout, storage
 from horovod_airflow.trainer.contract import (
     GATE,
@@ -70,6 +71,10 @@ log = logging.getLogger(__name__)
 COMPLETION_MARKERS = (MANIFEST_NAME, METRICS_NAME, GATE_NAME)
 #: How many times :func:`apply_retention` plans again when the registry changed meanwhile.
 REPLANS = 3
+#: A run key as ``model_registry.safe_key`` makes it (a readable part, ``-``, 12 hex digits,
+#: or the 12 hex digits alone); a staged prefix's name (the content hash's first 16 hex).
+RUN_KEY = re.compile(rf"(?:.+-)?[0-9a-f]{{{KEY_HASH_CHARS}}}")
+STAGED_KEY = re.compile(rf"[0-9a-f]{{{layout.HASH_PREFIX_CHARS}}}")
 
 
 @dataclass(frozen=True)
@@ -205,16 +210,18 @@ def _norm(uri: str | None) -> str | None:
 
 
 def _group(
-    objects: Iterable[storage.ObjectInfo], root: str, depth: int
+    objects: Iterable[storage.ObjectInfo], root: str, key: re.Pattern[str]
 ) -> dict[str, list[storage.ObjectInfo]]:
-    """Objects below ``root`` by their prefix ``depth`` segments deep; objects at or above that
-    depth (``runs/<dag_id>/x`` for depth 2) belong to no prefix and are left out."""
+    """Objects below ``root`` by their prefix two segments deep (``<dag_id>/<run_key>``,
+    ``<name>/<hash16>``) whose second segment matches ``key``; any other object (not of the
+    layout's shape: ``runs/<run_id>/onnx/...`` written by hand) belongs to no prefix and is
+    left out, so never deleted."""
     base = _base(root)
     groups: dict[str, list[storage.ObjectInfo]] = {}
     for obj in objects:
         parts = obj.uri[len(base) + 1 :].split("/")
-        if len(parts) > depth:
-            groups.setdefault("/".join([base, *parts[:depth]]), []).append(obj)
+        if len(parts) > 2 and key.fullmatch(parts[1]):
+            groups.setdefault("/".join([base, *parts[:2]]), []).append(obj)
     return groups
 
 
@@ -239,22 +246,20 @@ def _read(schema: Any, uri: str, client: Any) -> dict[str, Any] | None:
         return None
 
 
-def read_registry(
+def registry_state(
     bucket_uri: str, *, client: Any | None = None
-) -> tuple[RegistryState, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The registry's state, each model's ``latest.json`` and every published version's
-    manifest (by manifest URI). A manifest that breaks its contract raises
-    :class:`ContractError`: retention cannot tell which dataset it needs, so it stops."""
+) -> tuple[RegistryState, dict[str, dict[str, Any]], list[str]]:
+    """The registry's state, each model's ``latest.json`` (by model) and the URIs of the
+    published versions' manifests; lists ``models/`` and reads each ``latest.json``."""
     root = layout.models_root(bucket_uri)
     base = _base(root)
     models: set[str] = set()
-    manifests: dict[str, dict[str, Any]] = {}
+    manifest_uris: list[str] = []
     for obj in storage.list_objects(root, client=client):
         parts = obj.uri[len(base) + 1 :].split("/")
         models.add(parts[0])
         if len(parts) == 3 and parts[2] == VERSION_MANIFEST_NAME:
-            text = storage.read_text(obj.uri, client=client)
-            manifests[obj.uri] = VERSION_MANIFEST.loads(text, obj.uri)
+            manifest_uris.append(obj.uri)
     etags: dict[str, str | None] = {}
     latest: dict[str, dict[str, Any]] = {}
     for model in sorted(models):
@@ -262,7 +267,21 @@ def read_registry(
         etags[model] = etag
         if document is not None:
             latest[model] = document
-    return RegistryState(etags, frozenset(manifests)), latest, manifests
+    return RegistryState(etags, frozenset(manifest_uris)), latest, manifest_uris
+
+
+def read_registry(
+    bucket_uri: str, *, client: Any | None = None
+) -> tuple[RegistryState, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """:func:`registry_state` plus every published version's manifest (by manifest URI). A
+    manifest that breaks its contract raises :class:`ContractError`: retention cannot tell
+    which dataset it needs, so it stops."""
+    state, latest, manifest_uris = registry_state(bucket_uri, client=client)
+    manifests = {
+        uri: VERSION_MANIFEST.loads(storage.read_text(uri, client=client), uri)
+        for uri in manifest_uris
+    }
+    return state, latest, manifests
 
 
 class _References:
@@ -317,6 +336,13 @@ def plan_retention(
             document.get("dataset_content_hash"),
             f"models/{model}/{LATEST_NAME}",
         )
+    # Every file a latest.json or a version manifest points at (serving loads only from the
+    # version's own folder, but a record pointing elsewhere keeps what it points at).
+    reached: dict[str, str] = {}
+    for model, document in latest.items():
+        for key in ("uri", "manifest_uri", "onnx_uri"):
+            if isinstance(document.get(key), str):
+                reached[_base(document[key])] = f"models/{model}/{LATEST_NAME}"
     published: dict[str, str] = {}  # run prefix -> the version it was published as
     for manifest in manifests.values():
         version = f"{manifest['model']} {manifest['version']}"
@@ -324,12 +350,20 @@ def plan_retention(
         refs.add(dataset.get("uri"), dataset.get("content_hash"), f"published {version}")
         if manifest.get("source_run"):
             published[_base(manifest["source_run"])] = version
+        for entry in (manifest.get("files") or {}).values():
+            if isinstance(entry, dict) and isinstance(entry.get("uri"), str):
+                reached[_base(entry["uri"])] = f"published {version}"
+
+    def reached_by(prefix: str) -> list[str]:
+        return [
+            who for uri, who in reached.items() if uri == prefix or uri.startswith(prefix + "/")
+        ]
 
     delete: list[Prefix] = []
     keep: list[Prefix] = []
     waits: list[str] = []
     runs = _group(storage.list_objects(layout.runs_root(bucket_uri), client=client),
-                  layout.runs_root(bucket_uri), 2)  # fmt: skip
+                  layout.runs_root(bucket_uri), RUN_KEY)  # fmt: skip
     by_dag: dict[str, list[tuple[str, list[storage.ObjectInfo]]]] = {}
     for prefix, objects in runs.items():
         by_dag.setdefault(prefix.rsplit("/", 2)[-2], []).append((prefix, objects))
@@ -341,6 +375,10 @@ def plan_retention(
         for rank, (prefix, objects) in enumerate(dag_runs):
             decision = _decide_run(prefix, objects, rank, dag_id, active, published, policy, now,
                                    client)  # fmt: skip
+            if reached_by(prefix) and decision.kind != "run-keep":
+                reason = f"files in it are named by {_who(reached_by(prefix))}"
+                decision = _RunDecision("run-keep", reason, decision.dataset_uri,
+                                        decision.dataset_hash)  # fmt: skip
             if decision.kind == "run-keep":
                 keep.append(Prefix(prefix, "run", decision.reason, tuple(objects)))
                 if not refs.add(decision.dataset_uri, decision.dataset_hash, f"kept run {prefix}"):
@@ -349,10 +387,10 @@ def plan_retention(
                 delete.append(Prefix(prefix, "run", decision.reason, tuple(objects)))
 
     datasets = _group(storage.list_objects(layout.datasets_root(bucket_uri), client=client),
-                      layout.datasets_root(bucket_uri), 2)  # fmt: skip
+                      layout.datasets_root(bucket_uri), STAGED_KEY)  # fmt: skip
     for prefix, objects in sorted(datasets.items()):
         newest = max(o.modified for o in objects)
-        named = refs.of(prefix)
+        named = refs.of(prefix) + reached_by(prefix)
         if named:
             keep.append(Prefix(prefix, "dataset", f"named by {_who(named)}", tuple(objects)))
         elif now - newest < policy.in_flight_window:
@@ -441,7 +479,7 @@ def _markers_first(prefix: Prefix) -> list[storage.ObjectInfo]:
 def check_registry(plan: RetentionPlan, *, client: Any | None = None) -> None:
     """Raise :class:`RetentionConflictError` unless ``latest.json`` of every model and the set
     of published versions are what the plan was made over."""
-    now, _, _ = read_registry(plan.bucket_uri, client=client)
+    now, _, _ = registry_state(plan.bucket_uri, client=client)
     changes = now.changes_since(plan.registry)
     if changes:
         raise RetentionConflictError(

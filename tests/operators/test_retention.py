@@ -352,3 +352,40 @@ def test_a_failed_delete_is_loud_and_names_what_was_deleted(bucket_with_history,
 def test_a_bad_policy_is_refused_naming_the_value_and_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         retention.RetentionPolicy(**kwargs)
+
+
+def test_only_the_layouts_prefixes_are_touched_and_what_latest_json_reaches_stays(s3_server):
+    from horovod_airflow.trainer.contract import LATEST
+
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket("retain-shape")
+    refused = run_prefix(bucket, "fake", "scheduled__refused")
+    write_run(s3, refused, gate=False)
+    # A record written by hand whose model lives in an old run's prefix: what it points at
+    # stays, whatever the run's age or rank.
+    reached = run_prefix(bucket, "fake", "scheduled__hand-published")
+    write_run(s3, reached, gate=False)
+    storage.write_bytes(f"{reached}/onnx/model.onnx", b"m", client=s3)
+    record = {"model": "mnist_cnn", "version": "hand", "uri": reached,
+              "manifest_uri": f"{reached}/manifest.json", "onnx_uri": f"{reached}/onnx/model.onnx",
+              "onnx_sha256": "0" * 64, "val_accuracy": 0.9}  # fmt: skip
+    storage.write_text(f"s3://{bucket}/models/mnist_cnn/latest.json", LATEST.dumps(record),
+                       client=s3)  # fmt: skip
+    # Not of the layout's shape: a run written under runs/<run_id>/ by hand, a folder under
+    # datasets/ that no content hash names.
+    storage.write_bytes(f"s3://{bucket}/runs/manual_run/onnx/model.onnx", b"m", client=s3)
+    storage.write_bytes(f"s3://{bucket}/datasets/mine/latest/data.bin", b"d", client=s3)
+    split = _split_phases()
+    write_run(s3, run_prefix(bucket, "fake", "scheduled__newest"), gate=False)
+
+    plan = retention.plan_retention(f"s3://{bucket}", POLICY, client=s3, now=split + WINDOW)
+    assert [p.uri for p in plan.delete] == [refused]
+    kept = {p.uri: p.reason for p in plan.keep}
+    assert kept[reached] == "files in it are named by models/mnist_cnn/latest.json"
+    listed = {p.uri for p in plan.delete} | set(kept)
+    assert not any("manual_run" in uri or "datasets/mine" in uri for uri in listed)
+    retention.apply_plan(plan, client=s3)
+    remaining = keys(s3, bucket)
+    assert {"runs/manual_run/onnx/model.onnx", "datasets/mine/latest/data.bin"} <= set(remaining)
+    assert f"{_key(reached)}/onnx/model.onnx" in remaining
+    assert not any(k.startswith(_key(refused)) for k in remaining)
