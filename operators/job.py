@@ -145,6 +145,7 @@ class HorovodJobSettings(TypedDict, total=False):
 
     execution_timeout: timedelta
     aws_conn_id: str | None
+    rank_aws_conn_id: str | None
     image: str | None
     gpus_per_proc: int
     env: Mapping[str, str]
@@ -228,6 +229,11 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     :param aws_conn_id: Airflow AWS connection whose credentials, endpoint and region reach
         the job as the standard ``AWS_*`` variables (secrets masked, never on a command
         line). ``None``: the job uses its own credentials (instance role, files).
+    :param rank_aws_conn_id: the connection whose credentials, endpoint and region the job's
+        ranks get instead (default ``None``: ``aws_conn_id``'s). For least privilege give
+        the ranks an identity that reads ``datasets/``, reads and writes ``runs/`` and
+        nothing under ``models/``: publishing runs on the worker, with ``aws_conn_id``, which
+        also reads what the job wrote.
     :param env: extra non-secret environment variables for the job (templated).
     :param secret_env: extra secret variables, delivered like the AWS credentials.
     :param image: container image of the docker and kubernetes launchers (templated).
@@ -274,6 +280,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         *,
         launcher: str = "local",
         aws_conn_id: str | None = "aws_default",
+        rank_aws_conn_id: str | None = None,
         env: Mapping[str, str] | None = None,
         secret_env: Mapping[str, str] | None = None,
         image: str | None = None,
@@ -307,6 +314,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         self.launcher = launcher
         self.launcher_templated = is_templated(launcher)
         self.aws_conn_id = aws_conn_id
+        self.rank_aws_conn_id = rank_aws_conn_id
         self.env = dict(env) if isinstance(env, Mapping) else (env or {})
         self.secret_env = dict(secret_env or {})
         self.image = image
@@ -381,8 +389,10 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         return name, job_labels(dag_id, self.task_id, run_id, try_number, map_index)
 
     def job_env(self) -> tuple[dict[str, str], dict[str, str]]:
-        """(non-secret env, secret env) for the job, from ``env``, the AWS connection and
-        ``secret_env``. Secrets are registered with Airflow's masker before anything logs."""
+        """(non-secret env, secret env) for the job, from ``env``, the ranks' AWS connection
+        (``rank_aws_conn_id``, else ``aws_conn_id``) and ``secret_env``. Secrets are
+        registered with Airflow's masker before anything logs."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
         from airflow.sdk.log import mask_secret
 
         if not isinstance(self.env, Mapping):  # e.g. a template that rendered to a string
@@ -391,8 +401,9 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             validate_env_name(name, "env")
         public = {str(k): str(v) for k, v in self.env.items()}
         secret = {str(k): str(v) for k, v in self.secret_env.items()}
-        if self.aws_conn_id is not None:
-            hook = self.s3_hook
+        conn_id = self.rank_aws_conn_id or self.aws_conn_id
+        if conn_id is not None:
+            hook = self.s3_hook if conn_id == self.aws_conn_id else S3Hook(aws_conn_id=conn_id)
             creds = hook.get_credentials()  # masks secret_key and token itself
             if creds.access_key:
                 secret["AWS_ACCESS_KEY_ID"] = creds.access_key

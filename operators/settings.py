@@ -6,6 +6,7 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | variable | default | meaning |
 | --- | --- | --- |
 | ``HVA_AWS_CONN_ID`` | ``aws_default`` | Airflow AWS connection (endpoint + credentials) |
+| ``HVA_RANK_AWS_CONN_ID`` | unset: the one above | the training ranks' narrower connection |
 | ``HVA_BUCKET`` | ``horovod-airflow`` | bucket for datasets, runs and published models |
 | ``HVA_LAUNCHER`` | ``local`` | default launcher in the trigger form |
 | ``HVA_TRAINER_IMAGE`` | ``horovod-airflow/trainer:latest`` | image for docker/kubernetes |
@@ -105,6 +106,8 @@ def flag(name: str, default: bool) -> bool:
 
 
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
+#: The ranks' own identity (``rank_aws_conn_id``): datasets and runs only, no ``models/``.
+RANK_AWS_CONN_ID = os.environ.get("HVA_RANK_AWS_CONN_ID") or None
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
 BUCKET_URI = f"s3://{BUCKET}"
 MODEL_NAME = "mnist_cnn"
@@ -145,6 +148,7 @@ LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
 TRAINER_JOB: HorovodJobSettings = {
     "execution_timeout": JOB_TIMEOUT,
     "aws_conn_id": AWS_CONN_ID,
+    "rank_aws_conn_id": RANK_AWS_CONN_ID,
     "image": TRAINER_IMAGE,
     "gpus_per_proc": GPUS_PER_PROC,
     "docker": DockerOptions(network_mode=DOCKER_NETWORK),

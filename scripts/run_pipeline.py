@@ -2,17 +2,23 @@
 
     scripts/run_pipeline.sh [--num-proc 2] [--epochs N] [--max-train-samples N]
                             [--min-accuracy 0.98] [--conf '{"lr": 0.01}'] [--out .runs/pipeline]
+                            [--s3 seaweedfs|moto]
 
-Embedded defaults: an S3 API server (moto) on 127.0.0.1 with the ``aws_default`` connection
-pointing at it, SQLite Airflow metadata in ``<out>/airflow``, the local launcher with 2 CPU
-ranks, the vendored real MNIST. The DAG runs through ``dag.test()`` (a real Airflow run,
-every task executed); the published model and its files are copied out of the (in-memory)
-S3 server to ``<out>/published/`` before the server stops.
+Embedded defaults: a real S3 server (SeaweedFS) on 127.0.0.1 keeping its data in
+``<out>/s3`` with two identities, the worker's (connection ``aws_default``) and the training
+ranks' (``hva_ranks``: read datasets, read/write runs, nothing under ``models/``); SQLite
+Airflow metadata in ``<out>/airflow``; the local launcher with 2 CPU ranks; the vendored
+real MNIST. The DAG runs through ``dag.test()`` (a real Airflow run, every task executed);
+the published model and its files are copied to ``<out>/published/``. The bucket outlives
+the run: a second run with the same ``--out`` gates against the model the first published
+(``rm -rf <out>`` starts afresh). ``--s3 moto`` runs on moto's server instead (no
+credentials checked, nothing kept), to compare the two.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -23,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scripts.devstack import (  # noqa: E402  (needs the repo root on sys.path)
+    RANKS_CONN_ID,
     DbMigrate,
     airflow_env,
     embedded_s3,
@@ -38,6 +45,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-accuracy", type=float, default=None, help="gate floor (0-1)")
     p.add_argument("--conf", default="{}", help="extra DAG run conf as JSON (the form's fields)")
     p.add_argument("--out", type=Path, default=REPO / ".runs" / "pipeline", help="work folder")
+    p.add_argument(
+        "--s3",
+        choices=("seaweedfs", "moto"),
+        default="seaweedfs",
+        help="the embedded S3 server (default seaweedfs: checks credentials, keeps <out>/s3)",
+    )
     return p.parse_args(argv)
 
 
@@ -59,8 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(airflow_env(home))
     venv_and_repo_on_path()
 
-    with embedded_s3("embedded", "embedded-secret") as s3:
-        print(f"run_pipeline: embedded S3 on {s3.endpoint}; Airflow home {home}")
+    start = time.monotonic()
+    with embedded_s3(args.s3, out / "s3") as s3:
+        print(
+            f"run_pipeline: embedded S3 ({args.s3}) on {s3.endpoint}, up in "
+            f"{time.monotonic() - start:.1f}s; Airflow home {home}"
+        )
+        bucket = os.environ.get("HVA_BUCKET", "horovod-airflow")
+        with contextlib.suppress(Exception):  # kept from an earlier run with this --out
+            s3.client().create_bucket(Bucket=bucket)
+        if s3.ranks is not None:  # the ranks run as their own, narrower identity
+            s3.grant_ranks(bucket)
+            os.environ.setdefault("HVA_RANK_AWS_CONN_ID", RANKS_CONN_ID)
         migrate = DbMigrate()
         _start_execution_api()  # meanwhile: both take seconds, the cores are otherwise idle
         migrate.wait()

@@ -22,6 +22,7 @@ from scripts.devstack import (  # noqa: F401  (S3Server, free_port: imported by 
     embedded_s3,
     free_port,
     migrate_airflow_db,
+    moto_server,
     venv_and_repo_on_path,
 )
 
@@ -45,9 +46,19 @@ venv_and_repo_on_path()
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """A real S3 API (moto's server) on 127.0.0.1; sets the AWS env and aws_default connection."""
-    with embedded_s3("hva-test-key", "hva-test-secret-do-not-log") as srv:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (SeaweedFS) on 127.0.0.1 that checks credentials: the process's AWS
+    environment and ``aws_default`` are the worker's identity, ``hva_ranks`` the ranks' (its
+    rights only in buckets made with ``new_bucket(..., ranks=True)``)."""
+    with embedded_s3("seaweedfs", tmp_path_factory.mktemp("seaweedfs")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[S3Server]:
+    """Moto's S3 server, for the one kind of test that needs what a real server refuses: a
+    request altered after signing. Checks no credential; the environment is left alone."""
+    with moto_server() as srv:
         yield srv
 
 

@@ -106,6 +106,15 @@ def _code(e: Exception) -> str | None:
     return str(response.get("Error", {}).get("Code")) if isinstance(response, dict) else None
 
 
+def access_key_of(client: Any) -> str | None:
+    """The access key id an S3 client signs with (not a secret: it names the identity), or
+    None when it has none (anonymous, or credentials not resolved)."""
+    signer = getattr(client, "_request_signer", None)
+    creds = getattr(signer, "_credentials", None)
+    key = getattr(creds, "access_key", None)
+    return str(key) if key else None
+
+
 def endpoint_of(client: Any) -> str:
     """The endpoint an S3 client talks to (``AWS`` when it is the default one)."""
     url = getattr(getattr(client, "meta", None), "endpoint_url", None)
@@ -115,7 +124,8 @@ def endpoint_of(client: Any) -> str:
 @contextlib.contextmanager
 def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
     """Turn what botocore/boto3 raise into one :class:`StorageError` naming the operation,
-    the URI and the endpoint: ``S3 GetObject of s3://b/k at http://minio:9000 failed: ...``.
+    the URI and the endpoint: ``S3 GetObject of s3://b/k at http://minio:9000 failed: ...``;
+    a refusal also names the access key id it was made with (the secret never).
 
     Covers the server's answers (access denied, no such bucket: ``ClientError``) and not
     reaching it at all (``EndpointConnectionError``, timeouts: ``BotoCoreError``); what a
@@ -137,7 +147,9 @@ def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
             code = str(error.get("Code", "?"))
             if code in _MISSING_CODES:
                 raise StorageError(f"{uri} does not exist ({where}: {code})") from e
-            raise kind(f"{where} failed: {code}: {error.get('Message') or e}") from e
+            key = access_key_of(client)
+            who = f" (access key id {key})" if key else ""
+            raise kind(f"{where} failed: {code}: {error.get('Message') or e}{who}") from e
         if isinstance(e, (BotoCoreError, Boto3Error)):
             raise kind(f"{where} failed: {type(e).__name__}: {e}") from e
         raise
@@ -410,8 +422,12 @@ def ensure_bucket(uri: str, *, client: Any | None = None) -> bool:
             c.head_bucket(Bucket=loc.bucket)
         return False
     except StorageError as e:
-        if not isinstance(e.__cause__, ClientError):  # unreachable, not "no such bucket"
-            raise
+        cause = e.__cause__
+        if not isinstance(cause, ClientError) or _code(cause) not in (
+            *_MISSING_CODES,
+            "NoSuchBucket",
+        ):
+            raise  # unreachable, or refused (403): not "no such bucket"
     region = c.meta.region_name
     with s3_errors("CreateBucket", uri, c):
         if region and region != "us-east-1":

@@ -240,12 +240,19 @@ SMALL_RUN = {"num_proc": 2, "epochs": 1, "max_train_samples": 3000}
 
 
 @pytest.mark.slow
-def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_db):
+def test_pipeline_publishes_then_a_gated_run_changes_nothing(
+    s3_server, airflow_db, monkeypatch, capfd
+):
+    """The ranks run as their own identity (``hva_ranks``: no right under ``models/``), and
+    the run still publishes: publish runs on the worker. After the successful run neither
+    identity's secret is in any log, task output, XCom or rendered field."""
     from airflow.sdk import DagRunState
 
     client = s3_server.client()
-    bucket = s3_server.new_bucket("pipeline")
+    bucket = s3_server.new_bucket("pipeline", ranks=True)
+    monkeypatch.setenv("HVA_RANK_AWS_CONN_ID", "hva_ranks")
     dag = _deploy(bucket).retrain_dag
+    assert dag.get_task("train").rank_aws_conn_id == "hva_ranks"
 
     # 1. A passing run publishes a model.
     run = dag.test(run_conf={**SMALL_RUN, "min_accuracy": 0.5})
@@ -287,6 +294,8 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(s3_server, airflow_
                          input=onnx_bytes, capture_output=True, check=True,
                          env=os.environ.copy(), timeout=120)  # fmt: skip
     assert float(out.stdout.decode().strip()) == pytest.approx(metrics["val_accuracy"], abs=0.002)
+    output = capfd.readouterr()
+    _assert_no_secret_left(run, output.out + output.err, s3_server)
 
     # 2. A run whose gate cannot pass, triggered through the real Airflow CLI with a conf:
     #    export and publish skipped, latest.json untouched, the dataset not uploaded again.
@@ -385,6 +394,35 @@ def test_an_unreachable_s3_fails_naming_endpoint_and_operation_and_leaks_no_secr
         ).all()
         assert secret not in json.dumps([x.value for x in xcoms], default=str)
         assert secret not in json.dumps([r.rendered_fields for r in rendered], default=str)
+
+
+def _assert_no_secret_left(run, printed: str, s3_server) -> None:
+    """Neither identity's secret is in ``printed`` (the tasks' output), a log file under
+    AIRFLOW_HOME, the run's XComs or its rendered template fields."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    secrets = [s3_server.env["AWS_SECRET_ACCESS_KEY"]]
+    if s3_server.ranks is not None:
+        secrets.append(s3_server.ranks.secret_key)
+    logs = [p.read_text(errors="replace") for p in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log")]
+    with create_session() as session:
+        xcoms = session.scalars(select(XComModel).where(XComModel.run_id == run.run_id)).all()
+        rendered = session.scalars(
+            select(RenderedTaskInstanceFields).where(
+                RenderedTaskInstanceFields.run_id == run.run_id
+            )
+        ).all()
+        stored = json.dumps([x.value for x in xcoms], default=str) + json.dumps(
+            [r.rendered_fields for r in rendered], default=str
+        )
+    assert xcoms and rendered  # the run's records were found (else the check proves nothing)
+    for secret in secrets:
+        assert secret not in printed
+        assert not any(secret in log for log in logs)
+        assert secret not in stored
 
 
 def _rank_processes(marker: str) -> list:

@@ -12,9 +12,9 @@ import contextlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from scripts.devstack import seaweedfs
 from tests import readme
 from tests.conftest import REPO, VENV_BIN, S3Server
 from tests.engine_scripts import podman_cli_env, run_script
@@ -220,42 +221,20 @@ def simulated_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simula
 
 @contextlib.contextmanager
 def s3_server_on(address: str, conn_id: str, name: str) -> Iterator[S3Server]:
-    """Moto's S3 server on ``address`` (not loopback: namespaces and containers have their
-    own), registered as the Airflow connection ``conn_id``; the process environment is
-    otherwise untouched. ``name`` tells its credentials apart from other servers'."""
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind((address, 0))
-        port = int(s.getsockname()[1])
-    server = ThreadedMotoServer(ip_address=address, port=port, verbose=False)
-    server.start()
-    endpoint = f"http://{address}:{port}"
-    srv = S3Server(
-        endpoint=endpoint,
-        env={
-            "AWS_ACCESS_KEY_ID": f"hva-{name}-key",
-            "AWS_SECRET_ACCESS_KEY": f"hva-{name}-secret-do-not-log",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-        },
-    )
-    var = f"AIRFLOW_CONN_{conn_id.upper()}"
-    saved = os.environ.get(var)
-    os.environ[var] = srv.airflow_conn_uri_json()
-    try:
+    """SeaweedFS's S3 on ``address`` (not loopback: namespaces and containers have their
+    own), its worker identity registered as the Airflow connection ``conn_id`` and its ranks'
+    as ``<conn_id>_ranks``; the process environment is otherwise untouched. ``name`` names
+    its data folder."""
+    with (
+        tempfile.TemporaryDirectory(prefix=f"hva-s3-{name}-") as data,
+        seaweedfs(Path(data), address=address, conn_ids=(conn_id, f"{conn_id}_ranks")) as srv,
+    ):
         yield srv
-    finally:
-        server.stop()
-        if saved is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = saved
 
 
 @pytest.fixture(scope="session")
 def netns_s3(simulated_hosts: SimulatedHosts) -> Iterator[S3Server]:
-    """A moto S3 server on the bridge address, reachable from every simulated host.
+    """A SeaweedFS S3 server on the bridge address, reachable from every simulated host.
 
     The session's ``s3_server`` listens on 127.0.0.1, which is each namespace's own loopback.
     Registered as the Airflow connection ``aws_netns``; the process environment is untouched.
@@ -301,7 +280,7 @@ class MPIJobNetwork:
 @pytest.fixture(scope="session")
 def mpijob_network(stack_images: dict[str, str]) -> Iterator[MPIJobNetwork]:
     """Network ``hva-mpijob-<n>`` with a holder container (the bridge exists only while a
-    container is attached) and moto's S3 on the gateway; always removed afterwards. The
+    container is attached) and SeaweedFS's S3 on the gateway; always removed afterwards. The
     trainer image is built first where missing (``stack_images``)."""
     assert stack_images["trainer"] == TRAINER_IMAGE, (
         f"the compose settings name the trainer image {stack_images['trainer']}, "

@@ -53,11 +53,17 @@ def horovodrun_command(args: list[str], np_: int = 2, gloo: bool = False) -> lis
 
 
 def run_horovod(
-    args: list[str], cache_dir: Path, np_: int = 2, timeout: int = 600, gloo: bool = False
+    args: list[str],
+    cache_dir: Path,
+    np_: int = 2,
+    timeout: int = 600,
+    gloo: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """horovodrun of the trainer's ``train`` with ``args``; ``env`` is added to the ranks'."""
     return subprocess.run(
         horovodrun_command(args, np_, gloo),
-        env=trainer_env(cache_dir),
+        env={**trainer_env(cache_dir), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

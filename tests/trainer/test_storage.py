@@ -135,7 +135,8 @@ def test_what_a_retry_may_cure_is_told_apart(s3_server, status, code, transient)
     with faulty_s3(s3_server.endpoint, rule) as proxy:
         client = boto3.client(
             "s3", endpoint_url=proxy.endpoint, region_name="us-east-1",
-            aws_access_key_id="k", aws_secret_access_key="s",
+            aws_access_key_id=s3_server.worker.access_key,
+            aws_secret_access_key=s3_server.worker.secret_key,
             config=Config(retries={"max_attempts": 2, "mode": "standard"}),
         )  # fmt: skip
         assert storage.exists(f"s3://{bucket}/k", client=client)  # HEAD goes through

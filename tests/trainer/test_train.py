@@ -214,20 +214,40 @@ def test_corrupted_staged_file_stops_every_rank(tmp_path: Path) -> None:
 
 
 def test_s3_data_and_output(s3_server, mnist_subset: Path, tmp_path: Path) -> None:
+    """The ranks as their own identity (read datasets/, read/write runs/): they train from
+    S3 and write their run folder; a rank told to write under models/ is refused by the
+    server (AccessDenied, naming the ranks' access key id) and fails loudly."""
     from horovod_airflow.trainer import layout
 
     staged_local = stage_local(mnist_subset)
     manifest = json.loads((staged_local / "manifest.json").read_text())
-    bucket = s3_server.new_bucket("trainer")
+    bucket = s3_server.new_bucket("trainer", ranks=True)
     prefix = layout.staged_prefix(f"s3://{bucket}", manifest)
     for path in staged_local.iterdir():
         storage.upload_file(path, storage.join(prefix, path.name))
     output = f"s3://{bucket}/runs/test/run-1"
+    ranks = {"AWS_ACCESS_KEY_ID": s3_server.ranks.access_key,
+             "AWS_SECRET_ACCESS_KEY": s3_server.ranks.secret_key}  # fmt: skip
 
     proc = run_horovod(
-        ["--data", prefix, "--output", output, "--epochs", "1", *TINY], tmp_path / "cache"
+        ["--data", prefix, "--output", output, "--epochs", "1", *TINY],
+        tmp_path / "cache",
+        env=ranks,
     )
     assert proc.returncode == 0, describe(proc)
+    assert s3_server.ranks.secret_key not in proc.stdout + proc.stderr
+
+    models = f"s3://{bucket}/models/mnist_cnn/v-by-a-rank"
+    refused = run_horovod(
+        ["--data", prefix, "--output", models, "--epochs", "1", *TINY],
+        tmp_path / "cache",
+        env=ranks,
+    )
+    assert refused.returncode != 0
+    said = refused.stdout + refused.stderr
+    assert "AccessDenied" in said and s3_server.ranks.access_key in said, describe(refused)
+    assert s3_server.ranks.secret_key not in said
+    assert not list(storage.list_uris(models + "/"))
     metrics = json.loads(storage.read_text(storage.join(output, "metrics.json")))
     assert metrics["val_samples"] == 500 and metrics["dataset"]["uri"] == prefix
     assert metrics["artifacts"]["checkpoint"] == f"{output}/checkpoint.pt"
