@@ -68,8 +68,8 @@ class BucketRetentionOperator(AwsConnectionMixin, BaseOperator):
     :param keep_runs: run prefixes kept per DAG, newest first, whatever their outcome: a whole
         number from 1 to 100000 (templated).
     :param list_only: true (the default): a dry run, listing what would be deleted and its
-        size, deleting nothing; false: delete (templated; the maintenance DAG renders its
-        ``dry_run`` Param here, whose default is ``HVA_RETENTION_DRY_RUN``, true). Not named
+        size, deleting nothing; false: delete (templated). The maintenance DAG renders its
+        ``dry_run`` Param here, whose default is ``HVA_RETENTION_DRY_RUN`` (true). Not named
         ``dry_run``: that is ``BaseOperator``'s method.
     :param in_flight_window: a run without a terminal marker (a refused gate, a published
         version) written to more recently than this is in flight, and a dataset staged more

@@ -389,3 +389,24 @@ def test_only_the_layouts_prefixes_are_touched_and_what_latest_json_reaches_stay
     assert {"runs/manual_run/onnx/model.onnx", "datasets/mine/latest/data.bin"} <= set(remaining)
     assert f"{_key(reached)}/onnx/model.onnx" in remaining
     assert not any(k.startswith(_key(refused)) for k in remaining)
+
+
+def test_the_operators_templated_settings_are_documented_and_checked_at_parse_time():
+    from horovod_airflow.operators import BucketRetentionOperator
+    from tests.operators.helpers import undocumented_template_fields
+
+    assert set(BucketRetentionOperator.template_fields) == {"bucket_uri", "keep_runs",
+                                                            "list_only"}  # fmt: skip
+    assert undocumented_template_fields(BucketRetentionOperator) == []
+    base = {"task_id": "retain", "bucket_uri": "s3://b"}
+    for kwargs, message in [
+        ({"keep_runs": 0}, r"keep_runs=0: expected a whole number of runs from 1 to 100000"),
+        ({"list_only": "maybe"}, r"list_only must be true or false, got 'maybe'"),
+        ({"in_flight_window": timedelta(0)}, r"in_flight_window=.*expected a positive"),
+        ({"bucket_uri": ""}, r"bucket_uri must be a URI"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            BucketRetentionOperator(**{**base, **kwargs})
+    # Templates are checked once rendered, in execute.
+    BucketRetentionOperator(**base, keep_runs="{{ params.keep_runs }}",
+                            list_only="{{ params.dry_run }}")  # fmt: skip
