@@ -62,6 +62,7 @@ def horovod_bucket_retention() -> None:
         keep_runs="{{ params.keep_runs }}",
         list_only="{{ params.dry_run }}",
         in_flight_window=RETENTION_IN_FLIGHT,
+        dag_ids=["mnist_horovod_retrain", "waveforms_horovod_retrain"],
         aws_conn_id=AWS_CONN_ID,
     )
 

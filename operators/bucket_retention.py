@@ -75,6 +75,9 @@ class BucketRetentionOperator(AwsConnectionMixin, BaseOperator):
         version) written to more recently than this is in flight, and a dataset staged more
         recently may be in use: neither is deleted. At least the DAG run timeout of the DAGs
         whose runs the bucket holds.
+    :param dag_ids: the DAGs that stage datasets into this bucket, asked about even before
+        they have a run prefix (a first run stages, perhaps reusing an old dataset, before it
+        writes one); every DAG with runs under ``runs/`` is asked about anyway.
     :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
     """
 
@@ -88,6 +91,7 @@ class BucketRetentionOperator(AwsConnectionMixin, BaseOperator):
         keep_runs: int | str = 10,
         list_only: bool | str = True,
         in_flight_window: timedelta = timedelta(days=2),
+        dag_ids: Sequence[str] = (),
         aws_conn_id: str | None = "aws_default",
         **kwargs: Any,
     ) -> None:
@@ -102,6 +106,7 @@ class BucketRetentionOperator(AwsConnectionMixin, BaseOperator):
         self.keep_runs = keep_runs
         self.list_only = list_only
         self.in_flight_window = in_flight_window
+        self.dag_ids = list(dag_ids)
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -125,5 +130,6 @@ class BucketRetentionOperator(AwsConnectionMixin, BaseOperator):
             dry_run=dry_run,
             client=self.s3_client_for(bucket_uri),
             dag_is_active=dag_is_active,
+            dag_ids=self.dag_ids,
         )
         return result.as_dict()

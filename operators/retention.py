@@ -321,11 +321,15 @@ def plan_retention(
     client: Any | None = None,
     now: datetime | None = None,
     dag_is_active: Callable[[str], bool] | None = None,
+    dag_ids: Iterable[str] = (),
 ) -> RetentionPlan:
     """Decide, for every run and dataset prefix of the bucket, keep or delete, and why.
 
     ``dag_is_active(dag_id)`` says whether Airflow has a queued or running run of that DAG
-    (None: not asked; the in-flight window alone decides). Reads only; deletes nothing.
+    (None: not asked; the in-flight window alone decides); it is asked about every DAG with
+    runs under ``runs/`` and about ``dag_ids`` (the DAGs that stage into this bucket: a first
+    run stages, and may reuse an old dataset, before it writes a run prefix). Reads only;
+    deletes nothing.
     """
     now = now or datetime.now(UTC)
     registry, latest, manifests = read_registry(bucket_uri, client=client)
@@ -367,10 +371,12 @@ def plan_retention(
     by_dag: dict[str, list[tuple[str, list[storage.ObjectInfo]]]] = {}
     for prefix, objects in runs.items():
         by_dag.setdefault(prefix.rsplit("/", 2)[-2], []).append((prefix, objects))
+    active_dags: set[str] = set()
+    if dag_is_active is not None:
+        active_dags = {d for d in sorted({*by_dag, *dag_ids}) if dag_is_active(d)}
+    waits += [f"Airflow reports an active run of {d}" for d in sorted(active_dags)]
     for dag_id, dag_runs in sorted(by_dag.items()):
-        active = dag_is_active(dag_id) if dag_is_active is not None else False
-        if active:
-            waits.append(f"Airflow reports an active run of {dag_id}")
+        active = dag_id in active_dags
         dag_runs.sort(key=lambda r: (max(o.modified for o in r[1]), r[0]), reverse=True)
         for rank, (prefix, objects) in enumerate(dag_runs):
             decision = _decide_run(prefix, objects, rank, dag_id, active, published, policy, now,
@@ -531,6 +537,7 @@ def apply_retention(
     dry_run: bool,
     client: Any | None = None,
     dag_is_active: Callable[[str], bool] | None = None,
+    dag_ids: Iterable[str] = (),
     replans: int = REPLANS,
     now: datetime | None = None,
 ) -> RetentionResult:
@@ -539,9 +546,8 @@ def apply_retention(
     ``now``: the time ages are measured at (default: the clock, at each plan).
     """
     for attempt in range(replans + 1):
-        plan = plan_retention(
-            bucket_uri, policy, client=client, now=now, dag_is_active=dag_is_active
-        )
+        plan = plan_retention(bucket_uri, policy, client=client, now=now,
+                              dag_is_active=dag_is_active, dag_ids=dag_ids)  # fmt: skip
         log_plan(plan, dry_run=dry_run)
         if dry_run:
             return RetentionResult(plan, dry_run=True)

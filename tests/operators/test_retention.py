@@ -410,3 +410,27 @@ def test_the_operators_templated_settings_are_documented_and_checked_at_parse_ti
     # Templates are checked once rendered, in execute.
     BucketRetentionOperator(**base, keep_runs="{{ params.keep_runs }}",
                             list_only="{{ params.dry_run }}")  # fmt: skip
+
+
+def test_a_running_dag_without_a_run_prefix_yet_holds_dataset_deletions(s3_server):
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket("retain-first")
+    orphan = fake_dataset(s3, bucket, "orphan")
+    split = _split_phases()
+    asked: list[str] = []
+
+    def first_run_staging(dag_id: str) -> bool:
+        asked.append(dag_id)
+        return dag_id == "mnist_horovod_retrain"
+
+    plan = retention.plan_retention(f"s3://{bucket}", POLICY, client=s3, now=split + WINDOW,
+                                    dag_is_active=first_run_staging,
+                                    dag_ids=["mnist_horovod_retrain"])  # fmt: skip
+    assert asked == ["mnist_horovod_retrain"] and plan.delete == ()
+    assert {p.uri: p.reason for p in plan.keep}[orphan[0]] == (
+        "dataset deletions wait: Airflow reports an active run of mnist_horovod_retrain"
+    )
+    idle = retention.plan_retention(f"s3://{bucket}", POLICY, client=s3, now=split + WINDOW,
+                                    dag_is_active=lambda dag_id: False,
+                                    dag_ids=["mnist_horovod_retrain"])  # fmt: skip
+    assert [p.uri for p in idle.delete] == [orphan[0]]
