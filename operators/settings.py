@@ -20,8 +20,7 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_MAX_REGRESSION_CEILING`` | ``1`` | the highest ``max_regression`` a run may ask for |
 | ``HVA_DATASET_SOURCES`` | unset: any | the sources a run may stage: values or ``.../`` prefixes |
 | ``HVA_RETENTION_KEEP_RUNS`` | ``10`` | run prefixes kept per DAG, newest first (1 to 100000) |
-| ``HVA_RETENTION_IN_FLIGHT_MINUTES`` | ``2880`` | a run or dataset written to this recently |
-|  |  | is in flight, never deleted (at least ``HVA_RUN_TIMEOUT_MINUTES``) |
+| ``HVA_RETENTION_IN_FLIGHT_MINUTES`` | ``2880`` | a run written this recently is in flight |
 | ``HVA_RETENTION_DRY_RUN`` | ``true`` | the maintenance DAG's default: list, do not delete |
 
 The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators
@@ -37,7 +36,9 @@ and the MPIJob/TrainJob ``activeDeadlineSeconds``. The run's keeps a hung run fr
 The retention settings are the policy of the maintenance DAG (``dags/bucket_retention.py``,
 :mod:`horovod_airflow.operators.retention`): published versions, ``latest.json`` and the
 datasets they name are always kept; these say how many runs are kept and when a run counts
-as in flight. Dry-run is the default, so a new deployment first reads what would go.
+as in flight. The in-flight window is at least ``HVA_RUN_TIMEOUT_MINUTES`` (a run is over by
+its ``dagrun_timeout``; a shorter window fails the import). Dry-run is the default, so a new
+deployment first reads what would go.
 """
 
 from __future__ import annotations
