@@ -120,13 +120,20 @@ def run_pipeline(out: Path, extra: list[str], timeout: float) -> dict[str, Any]:
 
 
 def measure_once(
-    workdir: Path | None, index: int, extra: list[str], timeout: float
+    workdir: Path | None,
+    index: int,
+    extra: list[str],
+    timeout: float,
+    log_to: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One pipeline run in a fresh work folder, and its times."""
+    """One pipeline run in a fresh work folder, and its times; ``log_to["log"]`` receives
+    the pipeline's output when given."""
     with tempfile.TemporaryDirectory(prefix="hva-pipeline-") as tmp:
         out = (workdir or Path(tmp)) / f"pipeline-{index + 1}"
         out.mkdir(parents=True, exist_ok=True)
         pipeline = run_pipeline(out, extra, timeout)
+        if log_to is not None:
+            log_to["log"] = (out / "run_pipeline.log").read_text()
         tasks, dag_seconds = task_durations(out / "airflow" / "airflow.db")
         versions = [p for p in (out / "published").iterdir() if p.is_dir()]
         if not versions:

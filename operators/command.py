@@ -53,11 +53,33 @@ RANK_ENV_WRAPPER: tuple[str, ...] = ("sh", "-c", RANK_ENV_LOADER, "hva-rank")
 
 # Standard AWS variables that are secrets (the endpoint and region are not).
 AWS_SECRET_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-# Names of inherited variables never handed to horovodrun (it copies its whole environment
-# onto the rank command lines): Airflow config/connections and anything that looks secret.
+#: What a local job inherits from the worker's environment: horovodrun copies its whole
+#: environment onto every rank's command line, so only what the launch and the ranks need
+#: goes: the system basics of horovodrun, ssh and Python; Horovod's, NCCL's and Gloo's
+#: settings; thread, CUDA and locale settings; the AWS settings that are not credentials;
+#: this project's ``HVA_*``. Anything else reaches a job through the operator's ``env`` /
+#: ``secret_env``, or by name through ``LocalOptions(forward_env=...)``. Proxy variables are
+#: not forwarded by default (a proxy URL may hold a password).
+FORWARDED_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
+        "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+        "SSH_AUTH_SOCK", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+        "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+        "AWS_CA_BUNDLE", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "SSL_CERT_FILE", "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+    }
+)  # fmt: skip
+FORWARDED_PREFIXES = (
+    "HOROVOD_", "NCCL_", "GLOO_", "UCX_", "LC_", "CUDA_", "NVIDIA_", "TORCH_", "PYTORCH_",
+    "KMP_", "HVA_",
+)  # fmt: skip
+# Never handed to horovodrun, allowed or asked for: Airflow config/connections and anything
+# that looks secret (those go through secret_env: a private file, not the command line).
 _NOT_FORWARDED = re.compile(
     r"^(AIRFLOW.*|_AIRFLOW.*|AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN"
-    r"|AWS_SECURITY_TOKEN|.*(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|API_KEY).*)$",
+    r"|AWS_SECURITY_TOKEN|.*(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|API_KEY).*"
+    r"|(.*_)?(KEY|KEYS|PASS|PWD|AUTH)(_.*)?)$",
     re.IGNORECASE,
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -275,13 +297,44 @@ def validate_env_name(name: str, field: str) -> None:
         raise ValueError(f"{field}: {name!r} is not a valid environment variable name")
 
 
-def forwardable_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The part of an inherited environment that may be handed to horovodrun.
+def forwardable_environ(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """The part of an inherited environment that may be handed to horovodrun: the names of
+    :data:`FORWARDED_NAMES`, :data:`FORWARDED_PREFIXES` and ``extra`` (names, or prefixes
+    ending in ``*``), less Airflow's own variables and anything named like a secret, which
+    horovodrun would copy onto every rank's command line."""
+    extra = tuple(extra)
+    names = FORWARDED_NAMES | {e for e in extra if not e.endswith("*")}
+    prefixes = FORWARDED_PREFIXES + tuple(e[:-1] for e in extra if e.endswith("*"))
+    return {
+        k: v
+        for k, v in environ.items()
+        if (k in names or k.startswith(prefixes)) and not _NOT_FORWARDED.match(k)
+    }
 
-    Drops Airflow's own variables (connections, config, keys) and anything named like a
-    secret: horovodrun would copy them onto every rank's command line.
-    """
-    return {k: v for k, v in environ.items() if not _NOT_FORWARDED.match(k)}
+
+def check_forward_env(patterns: Any) -> tuple[str, ...]:
+    """``LocalOptions.forward_env``: variable names or prefixes ending in ``*``, none named
+    like a secret; ValueError naming the bad one."""
+    if isinstance(patterns, str) or not isinstance(patterns, Iterable):
+        raise ValueError(
+            f"forward_env must be a list of variable names or prefixes ending in '*', "
+            f"got {patterns!r:.80}"
+        )
+    checked = []
+    for p in patterns:
+        name = p[:-1] if isinstance(p, str) and p.endswith("*") else p
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise ValueError(
+                f"forward_env: {p!r} is not a variable name or a prefix ending in '*' "
+                f"(e.g. 'WANDB_PROJECT', 'MYAPP_*')"
+            )
+        if _NOT_FORWARDED.match(name):
+            raise ValueError(
+                f"forward_env: {p!r} is Airflow's or looks like a secret, and horovodrun puts "
+                f"forwarded variables on every rank's command line; pass it in secret_env"
+            )
+        checked.append(p)
+    return tuple(checked)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

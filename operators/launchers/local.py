@@ -35,6 +35,7 @@ from horovod_airflow.operators.command import (
     HOROVODRUN,
     RANK_ENV_FILE_VAR,
     Host,
+    check_forward_env,
     forwardable_environ,
     horovodrun_argv,
     parse_hosts,
@@ -135,6 +136,13 @@ class LocalOptions:
         remote hosts it must be a folder all hosts share. None: a private temp dir.
     :param kill_grace_s: seconds between SIGTERM and SIGKILL when the job is stopped.
     :param working_dir: working directory of the job; None: the worker's.
+    :param forward_env: variables of the worker's environment the job also inherits, by
+        name or prefix ending in ``*`` (e.g. ``["WANDB_PROJECT", "MYAPP_*"]``), beyond
+        ``horovod_airflow.operators.command.FORWARDED_NAMES`` / ``FORWARDED_PREFIXES``
+        (system basics, ``HOROVOD_*``, ``NCCL_*``, ``GLOO_*``, CUDA and thread settings,
+        non-secret ``AWS_*``, ``HVA_*``). Nothing else of the worker's environment is
+        forwarded: horovodrun puts it on every rank's command line. Names that look secret
+        are refused (use ``secret_env``).
     """
 
     hosts: str | Sequence[str] | None = None
@@ -145,8 +153,10 @@ class LocalOptions:
     rank_env_dir: str | None = None
     kill_grace_s: float = DEFAULT_KILL_GRACE_S
     working_dir: str | None = None
+    forward_env: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "forward_env", check_forward_env(self.forward_env))
         if self.hosts is not None:
             parse_hosts(self.hosts, 1)  # raises ValueError naming the bad entry
         port = self.ssh_port
@@ -405,7 +415,7 @@ class LocalLauncher(Launcher):
 
     # --- run --------------------------------------------------------------------------
     def _environ(self, spec: JobSpec) -> dict[str, str]:
-        env = forwardable_environ(os.environ)
+        env = forwardable_environ(os.environ, self.options.forward_env)
         env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env

@@ -53,7 +53,21 @@ standin_recipes=(python postgres minio airflow)
 log() { echo "compose_stack: $*" >&2; }
 die() { echo "compose_stack: ERROR: $*" >&2; exit 1; }
 
+# A state folder in a world-writable place (/var/tmp, /tmp) must be root's own: another user
+# could otherwise have made it first, and read or swap the secrets and logs written there.
+check_state_owner() {
+  local dir=$1 parent
+  parent=$(cd "$(dirname "$dir")" 2>/dev/null && pwd) || return 0
+  case "$parent/" in
+    /var/tmp/* | /tmp/*)
+      if [ -e "$dir" ] && [ "$(stat -c %u "$dir")" != "$(id -u)" ]; then
+        die "state folder $dir is owned by uid $(stat -c %u "$dir"), not by $(id -un): remove it or set HVA_STACK_STATE elsewhere"
+      fi ;;
+  esac
+}
+check_state_owner "$state"
 mkdir -p "$state"
+chmod 700 "$state"
 eval "$(bash "$root/scripts/engines/podman_engine.sh" env)"
 podman_() { podman "$@"; }
 
@@ -88,7 +102,8 @@ write_envfile() {
     grep -v -E '^(#|$)' "$root/.env.example" | while IFS='=' read -r key value; do
       case "$key" in
         AIRFLOW_ADMIN_PASSWORD | AIRFLOW_JWT_SECRET | AIRFLOW_API_SECRET_KEY | POSTGRES_PASSWORD | \
-          MINIO_ROOT_PASSWORD | HVA_S3_SECRET_KEY) value=$(secret) ;;
+          MINIO_ROOT_PASSWORD | HVA_S3_SECRET_KEY | HVA_RANKS_S3_SECRET_KEY) value=$(secret) ;;
+        AIRFLOW_FERNET_KEY) value=$(head -c 32 /dev/urandom | base64 | tr '+/' '-_') ;;
         AIRFLOW_PORT) value=${HVA_STACK_AIRFLOW_PORT:-28080} ;;
         MINIO_API_PORT) value=${HVA_STACK_S3_PORT:-29000} ;;
         MINIO_CONSOLE_PORT) value=${HVA_STACK_S3_CONSOLE_PORT:-$(( ${HVA_STACK_S3_PORT:-29000} + 1 ))} ;;

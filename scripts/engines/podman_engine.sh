@@ -38,6 +38,15 @@ runtime_repo=${HVA_PODMAN_IMAGE:-localhost/hva-runtime}
 
 log() { echo "podman_engine: $*" >&2; }
 die() { echo "podman_engine: ERROR: $*" >&2; exit 1; }
+
+# The state folder holds the API socket and the engine's settings: in a world-writable place
+# (/var/tmp, /tmp) it must be our own, else another user who made it first could swap them.
+if [ -e "$state" ] && [ "$(stat -c %u "$state")" != "$(id -u)" ]; then
+  case "$(cd "$(dirname "$state")" && pwd)/" in
+    /var/tmp/* | /tmp/*)
+      die "state folder $state is owned by uid $(stat -c %u "$state"), not by $(id -un): remove it or set HVA_PODMAN_STATE elsewhere" ;;
+  esac
+fi
 # Exit 2: this machine cannot run the engine (not root, packages or mirror unreachable).
 unavailable() { echo "podman_engine: UNAVAILABLE: $*" >&2; exit 2; }
 

@@ -25,6 +25,7 @@ from bench import (
     pipeline_overhead,
     precision,
     profile_step,
+    s3_servers,
     time_to_accuracy,
     train_throughput,
 )
@@ -136,6 +137,7 @@ def test_run_horovod_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
         (time_to_accuracy, ["--demo-epochs", "0"], "--demo-epochs must be an integer >= 1, got 0"),
         (pipeline_overhead, ["--timeout", "-1"], "--timeout must be > 0 seconds"),
         (pipeline_overhead, ["--repeat", "0"], "--repeat must be an integer >= 1, got 0"),
+        (s3_servers, ["--repeat", "0"], "--repeat must be an integer >= 1, got 0"),
         (one_epoch, ["--np", "0"], "--np must be an integer >= 1, got 0"),
         (precision, ["--np", "0"], "--np must be an integer >= 1, got 0"),
         (precision, ["--steps", "0"], "--steps must be an integer >= 1, got 0"),
@@ -330,6 +332,25 @@ def test_pipeline_overhead_quick(tmp_path: Path) -> None:
         data["dag_run_seconds"] - data["train_seconds"] - data["export_seconds"]
     )
     assert "orchestration = DAG run" in markdown
+
+
+@pytest.mark.slow
+def test_s3_servers_quick(tmp_path: Path) -> None:
+    """The main job once on each server, moto first: both publish, and the table holds
+    each one's figures and their difference."""
+    s3_servers.main(
+        ["--quick", "--repeat", "1", "--results-dir", str(tmp_path), "--workdir", str(tmp_path)]
+    )
+    markdown, data = _results(tmp_path, "s3_servers_quick")
+    assert [p.name for p in sorted(tmp_path.glob("pipeline-*"))] == ["pipeline-1", "pipeline-2"]
+    for kind in ("moto", "seaweedfs"):
+        (run,) = data["runs"][kind]
+        assert 0 < run["server start-up"] < run["process"]
+        assert 0 < run["train"] < run["DAG run"] < run["process"]
+    seaweed = data["median"]["seaweedfs"]["process"]
+    moto = data["median"]["moto"]["process"]
+    assert f"| process | {moto:.1f} | {seaweed:.1f} | {seaweed - moto:+.1f} |" in markdown
+    assert (tmp_path / "pipeline-2" / "s3" / "data").is_dir()  # SeaweedFS kept its data
 
 
 @pytest.mark.slow

@@ -68,9 +68,17 @@ NETWORK_LABEL = "hva-mpijob-network"
 HOSTFILE_DIR = "/etc/mpi"
 # What the launcher's pod templates may use; the harness refuses what it does not emulate.
 CONTAINER_KEYS = frozenset(
-    {"name", "image", "command", "args", "env", "volumeMounts", "readinessProbe", "imagePullPolicy"}
+    {"name", "image", "command", "args", "env", "volumeMounts", "readinessProbe", "imagePullPolicy",
+     "securityContext"}
+)  # fmt: skip
+POD_KEYS = frozenset(
+    {"containers", "volumes", "securityContext", "restartPolicy", "automountServiceAccountToken"}
 )
-POD_KEYS = frozenset({"containers", "volumes", "securityContext", "restartPolicy"})
+#: The pod and container security settings the harness applies, as podman options.
+POD_SECURITY_KEYS = frozenset(
+    {"fsGroup", "runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile"}
+)
+CONTAINER_SECURITY_KEYS = frozenset({"allowPrivilegeEscalation", "capabilities"})
 TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 RUNNING_STATES = ("created", "configured", "running", "initialized")
 READY_WITHIN_S = 60.0
@@ -504,8 +512,28 @@ class PodmanCluster:
         unknown = set(container) - CONTAINER_KEYS
         assert not unknown, f"{pod}: container fields the harness does not emulate: {unknown}"
         security = spec.get("securityContext") or {}
-        assert set(security) <= {"fsGroup"}, f"{pod}: securityContext {security} not emulated"
+        unknown = set(security) - POD_SECURITY_KEYS
+        assert not unknown, f"{pod}: securityContext {unknown} not emulated"
         fs_group = security.get("fsGroup")
+        # no API server here: a pod that wants a service-account token cannot have one
+        assert spec.get("automountServiceAccountToken") is not True, f"{pod}: token not emulated"
+        user_args: list[str] = []
+        if "runAsUser" in security:
+            user = f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"
+            user_args += ["--user", user]
+            if security.get("runAsNonRoot"):
+                assert security["runAsUser"] != 0, f"{pod}: runAsNonRoot with runAsUser 0"
+        seccomp = (security.get("seccompProfile") or {}).get("type", "RuntimeDefault")
+        assert seccomp == "RuntimeDefault", f"{pod}: seccomp {seccomp} not emulated"  # podman's
+        confined = container.get("securityContext") or {}
+        unknown = set(confined) - CONTAINER_SECURITY_KEYS
+        assert not unknown, f"{pod}: container securityContext {unknown} not emulated"
+        if confined.get("allowPrivilegeEscalation") is False:
+            user_args += ["--security-opt", "no-new-privileges"]
+        capabilities = confined.get("capabilities") or {}
+        assert set(capabilities) <= {"drop"}, f"{pod}: capabilities {capabilities} not emulated"
+        for cap in capabilities.get("drop", []):
+            user_args += ["--cap-drop", cap.lower()]
         labels = {
             **(template.get("metadata") or {}).get("labels", {}),
             **labels,
@@ -513,7 +541,7 @@ class PodmanCluster:
             NETWORK_LABEL: self.network,
         }
         args = ["run", "-d", "--name", pod, "--hostname", pod, "--network", self.network]
-        args += ["--ip", ip]
+        args += ["--ip", ip, *user_args]
         if cpus:
             args += ["--cpuset-cpus", ",".join(map(str, cpus))]
         for host in hosts:

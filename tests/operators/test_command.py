@@ -181,26 +181,58 @@ def test_doctor_and_trainer_detection():
     ]
 
 
-def test_forwardable_environ_drops_airflow_and_secrets():
+def test_forwardable_environ_is_an_allowlist_that_never_lets_a_secret_through():
     env = {
         "PATH": "/bin",
         "PYTHONPATH": "/repo",
         "AWS_ENDPOINT_URL": "http://s3",
         "AWS_DEFAULT_REGION": "us-east-1",
+        "HOROVOD_CYCLE_TIME": "1",
+        "NCCL_DEBUG": "INFO",
+        "HVA_BUCKET": "b",
         "AWS_SECRET_ACCESS_KEY": "s",
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SESSION_TOKEN": "t",
         "AIRFLOW_CONN_AWS_DEFAULT": '{"password": "s"}',
         "AIRFLOW__CORE__FERNET_KEY": "f",
-        "MY_DB_PASSWORD": "p",
+        "HVA_S3_SECRET_KEY": "s",  # allowed prefix, secret name: not forwarded
+        "DATABASE_URL": "postgresql://u:p@db/x",
+        "PIP_INDEX_URL": "https://u:p@pypi/simple",
+        "HTTPS_PROXY": "http://u:p@proxy:3128",
+        "WANDB_KEY": "w",
+        "WANDB_PROJECT": "p",
+        "MYAPP_MODE": "fast",
         "GITHUB_TOKEN": "g",
     }
-    assert forwardable_environ(env) == {
+    basics = {
         "PATH": "/bin",
         "PYTHONPATH": "/repo",
         "AWS_ENDPOINT_URL": "http://s3",
         "AWS_DEFAULT_REGION": "us-east-1",
+        "HOROVOD_CYCLE_TIME": "1",
+        "NCCL_DEBUG": "INFO",
+        "HVA_BUCKET": "b",
     }
+    assert forwardable_environ(env) == basics
+    # a user's own, by name or prefix; a secret-looking one stays out even if asked for
+    asked = forwardable_environ(env, ["WANDB_PROJECT", "MYAPP_*", "WANDB_*"])
+    assert asked == {**basics, "WANDB_PROJECT": "p", "MYAPP_MODE": "fast"}
+
+
+@pytest.mark.parametrize(
+    ("forward", "says"),
+    [
+        (["WANDB_API_KEY"], "looks like a secret"),
+        (["AIRFLOW__CORE__SQL_ALCHEMY_CONN"], "Airflow's"),
+        (["bad name"], "not a variable name"),
+        ("MYAPP_*", "must be a list"),
+    ],
+)
+def test_forward_env_refuses_secrets_and_bad_names(forward, says):
+    from horovod_airflow.operators.launchers.local import LocalOptions
+
+    with pytest.raises(ValueError, match=says):
+        LocalOptions(forward_env=forward)
 
 
 def test_rank_wrapper_sources_the_file_and_execs(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from collections.abc import Callable
@@ -90,7 +91,18 @@ LOCAL_PROBES: dict[str, tuple[Any, Callable[[Any, list[str]], bool]]] = {
     "rank_env_dir": ("/shared", lambda lr, argv: lr.rank_env_dir == "/shared"),
     "kill_grace_s": (3.0, lambda lr, argv: lr.kill_grace_s == 3.0),
     "working_dir": ("/srv", lambda lr, argv: lr.cwd == "/srv"),
+    "forward_env": (["MYAPP_*"], lambda lr, argv: _forwards(lr, "MYAPP_PROBE")),
 }
+
+
+def _forwards(launcher: Any, name: str) -> bool:
+    """Whether a variable of the worker's environment reaches the job the launcher starts."""
+    from unittest import mock
+
+    from horovod_airflow.operators.launchers.base import JobSpec
+
+    with mock.patch.dict(os.environ, {name: "1"}):
+        return name in launcher._environ(JobSpec(name="j", argv=["x"], num_proc=1))
 
 
 def test_every_local_option_reaches_the_launcher_or_horovodrun():
@@ -170,6 +182,10 @@ KUBERNETES_PROBES: dict[str, tuple[Any, Callable[[Any, dict[str, Any]], bool]]] 
         lambda kl, b: _pods(b)[0]["tolerations"] == [{"key": "k", "operator": "Exists"}],
     ),
     "priority_class": ("high", lambda kl, b: _pods(b)[1]["priorityClassName"] == "high"),
+    "mount_service_account_token": (
+        True,
+        lambda kl, b: all(p["automountServiceAccountToken"] is True for p in _pods(b)),
+    ),
     "worker_resources": (
         {"requests": {"cpu": "4"}},
         lambda kl, b: _container(b, "Worker")["resources"]["requests"] == {"cpu": "4"},
@@ -257,7 +273,11 @@ def test_docker_overrides_merge_over_the_spec_and_owned_keys_are_refused():
 
 
 def test_mpijob_overrides_deep_merge_by_name_and_owned_paths_are_refused():
-    from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
+    from horovod_airflow.operators.launchers.kubernetes import (
+        POD_SECURITY,
+        KubernetesLauncher,
+        KubernetesOptions,
+    )
     from tests.operators.test_kubernetes_launcher import FakeHook, spec
 
     worker_pod = {
@@ -273,7 +293,7 @@ def test_mpijob_overrides_deep_merge_by_name_and_owned_paths_are_refused():
     body = KubernetesLauncher(image="i:1", options=options, hook=FakeHook([])).manifest(spec())
     pod = body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     worker, sidecar = pod["containers"]
-    assert pod["hostIPC"] is True and pod["securityContext"] == {"fsGroup": 1000}
+    assert pod["hostIPC"] is True and pod["securityContext"] == POD_SECURITY
     assert worker["name"] == "worker" and worker["securityContext"]["capabilities"]["add"]
     assert worker["readinessProbe"]  # the launcher's keys stay beside the merged ones
     env = {e["name"]: e.get("value") for e in worker["env"]}

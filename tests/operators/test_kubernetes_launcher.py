@@ -27,6 +27,7 @@ from horovod_airflow.operators import (
 from horovod_airflow.operators.command import RANK_ENV_WRAPPER
 from horovod_airflow.operators.launchers.base import JobSpec
 from horovod_airflow.operators.launchers.kubernetes import (
+    POD_SECURITY,
     SSH_AUTH_MOUNT_PATH,
     TRAINER_GID,
     TRAINER_HOME,
@@ -314,7 +315,7 @@ def test_the_ranks_user_can_read_the_mounted_secrets():
     body = build_mpijob(spec(), image="i", namespace="ml", slots_per_worker=2)
     for role in ("Launcher", "Worker"):
         pod_spec = body["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
-        assert pod_spec["securityContext"] == {"fsGroup": TRAINER_GID}, role
+        assert pod_spec["securityContext"] == POD_SECURITY, role
         (volume,) = pod_spec["volumes"]
         assert volume["secret"]["defaultMode"] == 0o400, role
 

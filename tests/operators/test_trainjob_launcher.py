@@ -21,6 +21,7 @@ from horovod_airflow.operators.launchers.kubernetes import (
     ANCESTOR_LABEL,
     JOBSET_NAME_LABEL,
     JOBSET_ROLE_LABEL,
+    POD_SECURITY,
     SSH_AUTH_MOUNT_PATH,
     WORKER_COMMAND,
     KubernetesLauncher,
@@ -164,7 +165,7 @@ def test_the_trainjob_references_its_own_mpi_runtime_of_the_mpijobs_pods():
     assert SECRET not in json.dumps([runtime, trainjob])  # only the Secret holds it
     for pod_spec in (node, boss):
         assert pod_spec["volumes"][0]["secret"]["secretName"] == f"{NAME}-rank-env"
-        assert pod_spec["securityContext"] == {"fsGroup": 1000}
+        assert pod_spec["securityContext"] == POD_SECURITY
 
 
 def test_pod_settings_reach_both_trainjob_pods_from_the_operator():
@@ -219,7 +220,7 @@ def test_trainjob_overrides_merge_per_kind_and_owned_paths_are_refused():
     }  # fmt: skip
     runtime, trainjob = launcher(TrainerHook([]), trainjob_overrides=overrides).manifests(spec())
     node = replicated(runtime)["node"]["template"]["spec"]["template"]["spec"]
-    assert node["hostIPC"] is True and node["securityContext"] == {"fsGroup": 1000}
+    assert node["hostIPC"] is True and node["securityContext"] == POD_SECURITY
     env = {e["name"]: e.get("value") for e in node["containers"][0]["env"]}
     assert env["NCCL_DEBUG"] == "INFO" and env["PYTHONUNBUFFERED"] == "1"
     assert node["containers"][0]["command"] == list(WORKER_COMMAND)  # the launcher's stay
