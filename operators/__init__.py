@@ -7,11 +7,14 @@ from horovod_airflow.operators import (
     HorovodExportOperator, PublishModelOperator,
 )
 
+``BucketRetentionOperator`` applies the bucket's retention policy (the maintenance DAG's task).
+
 ``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
 ``trainer_param_schema("epochs", nullable=True)`` is the JSON schema of a trainer option as
 the trainer declares it (``horovod_airflow.trainer.config.param_schema``), for a DAG's ``Param``.
 """
 
+from horovod_airflow.operators.bucket_retention import BucketRetentionOperator
 from horovod_airflow.operators.exceptions import (
     ChampionChangedError,
     HorovodConfigError,
@@ -22,6 +25,7 @@ from horovod_airflow.operators.exceptions import (
     HorovodTimeoutError,
     HorovodTrainingError,
     PublishRefusedError,
+    RetentionConflictError,
     TrainingCompletedError,
 )
 from horovod_airflow.operators.export import HorovodExportOperator
@@ -33,6 +37,7 @@ from horovod_airflow.operators.train import HorovodTrainOperator
 from horovod_airflow.trainer.config import param_schema as trainer_param_schema
 
 __all__ = [
+    "BucketRetentionOperator",
     "ChampionChangedError",
     "HorovodConfigError",
     "HorovodExportOperator",
@@ -46,6 +51,7 @@ __all__ = [
     "ModelGateOperator",
     "PublishModelOperator",
     "PublishRefusedError",
+    "RetentionConflictError",
     "StageDatasetOperator",
     "TrainingCompletedError",
     "safe_key",

@@ -108,3 +108,9 @@ class StaleModelError(AirflowFailException):
     """Serving has stayed on one model too long: too many runs in a row refused by the gate,
     or nothing published for too many days. Fails the gate task (and so alerts) without a
     retry: a retry would find the same history."""
+
+
+class RetentionConflictError(AirflowException):
+    """The registry (a ``latest.json`` or the set of published versions) changed between the
+    retention plan and a deletion: the plan may delete what the new state needs, so it is
+    refused. A retry (or the next pass) plans again over the new state."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
-from horovod_airflow.trainer import storage
+from horovod_airflow.trainer import layout, storage
 from horovod_airflow.trainer.contract import (
     CHECKPOINT_NAME,
     CURVES_NAME,
@@ -98,7 +98,7 @@ def check_version(version: Any) -> str:
 
 
 def models_prefix(bucket_uri: str, model_name: str) -> str:
-    return storage.join(bucket_uri, "models", model_name)
+    return storage.join(layout.models_root(bucket_uri), model_name)
 
 
 def latest_uri(bucket_uri: str, model_name: str) -> str:

@@ -23,6 +23,9 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_SMTP_CONN_ID`` | ``smtp_default`` | the Airflow SMTP connection those mails go through |
 | ``HVA_STALE_AFTER_RUNS`` | ``4`` | refused runs in a row after which the gate fails |
 | ``HVA_STALE_AFTER_DAYS`` | ``35`` | days without a publish after which a refusing gate fails |
+| ``HVA_RETENTION_KEEP_RUNS`` | ``10`` | run prefixes kept per DAG, newest first (1 to 100000) |
+| ``HVA_RETENTION_IN_FLIGHT_MINUTES`` | ``2880`` | a run written this recently is in flight |
+| ``HVA_RETENTION_DRY_RUN`` | ``true`` | the maintenance DAG's default: list, do not delete |
 
 The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators
 (a conf past them fails the task without retry): whoever may trigger a run may not lower the
@@ -33,6 +36,13 @@ and the MPIJob/TrainJob ``activeDeadlineSeconds``. The run's keeps a hung run fr
 ``max_active_runs=1`` (and so every later scheduled run) forever.
 
 ``TRAINER_JOB`` bundles the settings the DAG's train and export tasks share.
+
+The retention settings are the policy of the maintenance DAG (``dags/bucket_retention.py``,
+:mod:`horovod_airflow.operators.retention`): published versions, ``latest.json`` and the
+datasets they name are always kept; these say how many runs are kept and when a run counts
+as in flight. The in-flight window is at least ``HVA_RUN_TIMEOUT_MINUTES`` (a run is over by
+its ``dagrun_timeout``; a shorter window fails the import). Dry-run is the default, so a new
+deployment first reads what would go.
 """
 
 from __future__ import annotations
@@ -61,20 +71,6 @@ def minutes(name: str, default: int) -> timedelta:
     return timedelta(minutes=value)
 
 
-def whole(name: str, default: int, high: int) -> int:
-    """``$name`` as a whole number from 1 to ``high``; ValueError naming it."""
-    raw = os.environ.get(name, "").strip() or str(default)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= high:
-        raise ValueError(
-            f"{name}={raw!r}: expected a whole number from 1 to {high}; default {default}"
-        )
-    return value
-
-
 def fraction(name: str, default: float) -> float:
     """``$name`` as a fraction in [0, 1]; ValueError naming it."""
     raw = os.environ.get(name, "").strip() or str(default)
@@ -85,6 +81,34 @@ def fraction(name: str, default: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name}={raw!r}: expected a fraction from 0 to 1; default {default}")
     return value
+
+
+def whole(name: str, default: int, low: int, high: int) -> int:
+    """``$name`` as a whole number from ``low`` to ``high``; ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(
+            f"{name}={raw!r}: expected a whole number from {low} to {high}; default {default}"
+        )
+    return value
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def flag(name: str, default: bool) -> bool:
+    """``$name`` as a yes/no setting (true/false, 1/0, yes/no, on/off); ValueError naming it."""
+    raw = os.environ.get(name, "").strip() or str(default).lower()
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    allowed = ", ".join(_TRUE + _FALSE)
+    raise ValueError(f"{name}={raw!r}: expected one of {allowed}; default {str(default).lower()}")
 
 
 AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
@@ -115,12 +139,23 @@ ALERT_EMAILS = tuple(
     e.strip() for e in os.environ.get("HVA_ALERT_EMAILS", "").split(",") if e.strip()
 )
 SMTP_CONN_ID = os.environ.get("HVA_SMTP_CONN_ID", "smtp_default")
-STALE_AFTER_RUNS = whole("HVA_STALE_AFTER_RUNS", 4, 1000)
-STALE_AFTER_DAYS = whole("HVA_STALE_AFTER_DAYS", 35, 3660)
+STALE_AFTER_RUNS = whole("HVA_STALE_AFTER_RUNS", 4, 1, 1000)
+STALE_AFTER_DAYS = whole("HVA_STALE_AFTER_DAYS", 35, 1, 3660)
 #: ``on_failure_callback`` of every task, and the gate's ``on_refused``: empty lists without
 #: addresses (the DAG then alerts only through Airflow's own UI and states).
 FAILURE_ALERTS = alert_notifiers("failed", ALERT_EMAILS, SMTP_CONN_ID)
 REFUSED_ALERTS = alert_notifiers("refused", ALERT_EMAILS, SMTP_CONN_ID)
+#: The retention policy of the maintenance DAG (horovod_airflow.operators.retention).
+RETENTION_KEEP_RUNS = whole("HVA_RETENTION_KEEP_RUNS", 10, 1, 100_000)
+RETENTION_IN_FLIGHT = minutes("HVA_RETENTION_IN_FLIGHT_MINUTES", 2880)
+if RETENTION_IN_FLIGHT < RUN_TIMEOUT:
+    # A run is over by its dagrun_timeout: a shorter window could call a running one finished.
+    raise ValueError(
+        f"HVA_RETENTION_IN_FLIGHT_MINUTES={RETENTION_IN_FLIGHT.total_seconds() / 60:.0f}: "
+        f"expected at least HVA_RUN_TIMEOUT_MINUTES ({RUN_TIMEOUT.total_seconds() / 60:.0f}), "
+        "the longest a DAG run can be in flight; default 2880"
+    )
+RETENTION_DRY_RUN = flag("HVA_RETENTION_DRY_RUN", True)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"

@@ -227,6 +227,35 @@ def verify_file(path: str | os.PathLike[str], entry: dict[str, Any]) -> None:
         )
 
 
+# --- the pipeline bucket's top-level prefixes (docs/design.md, "Pipeline bucket layout") -------
+#: ``datasets/<name>/<hash16>/``: a staged dataset or file set, ``manifest.json`` written last.
+DATASETS_DIR = "datasets"
+#: ``runs/<dag_id>/<run_key>/``: one DAG run's outputs (``checkpoint.pt``, ``metrics.json``,
+#: ``gate.json``, ``onnx/``); ``run_key`` is ``model_registry.safe_key(run_id)``.
+RUNS_DIR = "runs"
+#: ``models/<model>/<version>/`` (``manifest.json`` written last) and
+#: ``models/<model>/latest.json``: the registry (``operators/model_registry.py``).
+MODELS_DIR = "models"
+#: How many characters of the content hash name a staged prefix.
+HASH_PREFIX_CHARS = 16
+
+
+def datasets_root(bucket_uri: str) -> str:
+    """``<bucket_uri>/datasets``: every staged dataset is one level below a name under it."""
+    return f"{bucket_uri.rstrip('/')}/{DATASETS_DIR}"
+
+
+def runs_root(bucket_uri: str) -> str:
+    """``<bucket_uri>/runs``: every run prefix is ``<dag_id>/<run_key>`` under it."""
+    return f"{bucket_uri.rstrip('/')}/{RUNS_DIR}"
+
+
+def models_root(bucket_uri: str) -> str:
+    """``<bucket_uri>/models``: the registry, one folder per model name."""
+    return f"{bucket_uri.rstrip('/')}/{MODELS_DIR}"
+
+
 def staged_prefix(bucket_uri: str, manifest: dict[str, Any]) -> str:
     """Where a dataset is staged: ``<bucket_uri>/datasets/<name>/<hash16>``."""
-    return f"{bucket_uri.rstrip('/')}/datasets/{manifest['name']}/{manifest['content_hash'][:16]}"
+    short = manifest["content_hash"][:HASH_PREFIX_CHARS]
+    return f"{datasets_root(bucket_uri)}/{manifest['name']}/{short}"

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -352,15 +353,28 @@ def copy(src_uri: str, dest_uri: str, *, client: Any | None = None) -> str:
     return str(download_file(src_uri, dest.key, client=client))
 
 
-def list_uris(prefix_uri: str, *, client: Any | None = None) -> Iterator[str]:
-    """Every object (file) below ``prefix_uri``, as full URIs, in key order."""
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object: its full URI, size in bytes and last modification time (UTC)."""
+
+    uri: str
+    size: int
+    modified: datetime
+
+
+def list_objects(prefix_uri: str, *, client: Any | None = None) -> Iterator[ObjectInfo]:
+    """Every object (file) below ``prefix_uri`` with its size and modification time, in key
+    order."""
     loc = parse(prefix_uri)
     if not loc.is_s3:
         root = Path(loc.key)
         if root.is_dir():
             for p in sorted(root.rglob("*")):
                 if p.is_file():
-                    yield str(p)
+                    st = p.stat()
+                    yield ObjectInfo(
+                        str(p), st.st_size, datetime.fromtimestamp(st.st_mtime, tz=UTC)
+                    )
         return
     prefix = loc.key + "/" if loc.key else ""
     c = _client(client)
@@ -368,7 +382,31 @@ def list_uris(prefix_uri: str, *, client: Any | None = None) -> Iterator[str]:
         pages = list(c.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix))
     for page in pages:
         for obj in page.get("Contents", []):
-            yield f"s3://{loc.bucket}/{obj['Key']}"
+            modified = obj["LastModified"]
+            if modified.tzinfo is None:
+                modified = modified.replace(tzinfo=UTC)
+            yield ObjectInfo(f"s3://{loc.bucket}/{obj['Key']}", int(obj["Size"]), modified)
+
+
+def list_uris(prefix_uri: str, *, client: Any | None = None) -> Iterator[str]:
+    """Every object (file) below ``prefix_uri``, as full URIs, in key order."""
+    for obj in list_objects(prefix_uri, client=client):
+        yield obj.uri
+
+
+def delete(uri: str, *, client: Any | None = None) -> None:
+    """Delete one object (S3 DeleteObject; a local file). Deleting what is already gone
+    succeeds, as S3 does; any other failure raises :class:`StorageError` naming the URI."""
+    loc = parse(uri)
+    if not loc.is_s3:
+        try:
+            Path(loc.key).unlink(missing_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot delete {uri}: {e}") from e
+        return
+    c = _client(client)
+    with s3_errors("DeleteObject", uri, c):
+        c.delete_object(Bucket=loc.bucket, Key=loc.key)
 
 
 def ensure_bucket(uri: str, *, client: Any | None = None) -> bool:

@@ -59,7 +59,7 @@ def test_every_task_and_run_of_every_shipped_dag_has_a_deadline(airflow_db) -> N
     parsed = parse_shipped()
     assert parsed["errors"] == {}
     assert set(parsed["dags"]) == {
-        "mnist_horovod_retrain", "mnist_serve_latest_model",
+        "mnist_horovod_retrain", "mnist_serve_latest_model", "horovod_bucket_retention",
         "waveforms_horovod_retrain", "waveforms_serve_latest_model",
     }  # fmt: skip
     jobs = []
