@@ -225,6 +225,11 @@ class SeaweedFS:
             "-admin.ui=false",
             # as AWS: no bucket made by a PUT into it, none deleted with objects in it
             "-s3.autoCreateBucket=false", "-s3.allowDeleteBucketNotEmpty=false",
+            # Each bucket is a collection with volumes of its own, and the volume count comes
+            # from the free disk / the volume size (1 GiB by default): ~40 buckets on a 40 GiB
+            # disk, then "no writable volumes". 64 MiB volumes hold 400+ buckets (the suite
+            # makes ~150); files are chunked at 4 MiB, so no object needs a bigger volume.
+            "-master.volumeSizeLimitMB=64",
             *(f"-{name}={port}" for name, port in ports.items()),
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
