@@ -59,6 +59,7 @@ from typing import Any
 from bench.demo_baseline import TARGET_ACCURACY, run_demo
 from bench.report import REPO, load_average, machine, machine_line, md_table, write_results
 from bench.time_to_accuracy import in_loop_seconds, run_ours
+from horovod_airflow.trainer.contract import CHECKPOINT_NAME, PARITY_NAME
 from scripts.gpu.kit import sha256 as kit_sha256
 from scripts.gpu.kit import verified
 
@@ -412,12 +413,12 @@ class Check:
         trained = self.figures("train-1")
         output = Path(trained["output"])
         argv = [sys.executable, "-m", "horovod_airflow.trainer", "export"]
-        argv += ["--checkpoint", str(output / "checkpoint.pt"), "--output", str(output / "onnx")]
+        argv += ["--checkpoint", str(output / CHECKPOINT_NAME), "--output", str(output / "onnx")]
         argv += ["--data", trained["staged"], "--cache-dir", str(self.work / "export-cache")]
         if self.cpu:
             argv += ["--samples", "256"]
         run_command(argv, log=self.work / "export.log", timeout=self.timeout(240), env=self.env())
-        parity = json.loads((output / "onnx" / "parity.json").read_text())
+        parity = json.loads((output / "onnx" / PARITY_NAME).read_text())
         if not parity["passed"]:
             raise StepError(f"parity failed: {parity}")
         keep = ["passed", "max_abs_diff", "argmax_mismatches", "samples", "onnx_accuracy"]
