@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from bench.report import MNIST_DIR
-from horovod_airflow.trainer import layout
+from horovod_airflow.core import layout
 
 
 def prepare_torchvision_root(dest: Path, source: Path = MNIST_DIR) -> Path:
@@ -39,7 +39,7 @@ def stage_local_dataset(dest: Path, source: Path = MNIST_DIR) -> Path:
 
     The files are symlinked, not copied; the manifest is the one
     ``horovod_airflow.operators.staging.stage_dataset`` would upload
-    (``horovod_airflow.trainer.layout.build_manifest``), so
+    (``horovod_airflow.core.layout.build_manifest``), so
     the trainer verifies them as usual.
     """
     dest.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ from typing import Any
 from bench.demo_baseline import TARGET_ACCURACY, run_demo
 from bench.report import REPO, load_average, machine, machine_line, md_table, write_results
 from bench.time_to_accuracy import in_loop_seconds, run_ours
-from horovod_airflow.trainer.contract import CHECKPOINT_NAME, PARITY_NAME
+from horovod_airflow.core.contract import CHECKPOINT_NAME, PARITY_NAME
 from scripts.gpu.kit import sha256 as kit_sha256
 from scripts.gpu.kit import verified
 

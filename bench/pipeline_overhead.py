@@ -39,7 +39,7 @@ from typing import Any
 
 from bench.datasets import stage_local_dataset
 from bench.report import REPO, machine, machine_line, md_table, rank_env, write_results
-from horovod_airflow.trainer.contract import (
+from horovod_airflow.core.contract import (
     CHECKPOINT_NAME,
     METRICS,
     METRICS_NAME,

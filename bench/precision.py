@@ -47,8 +47,8 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch
 
     from bench.train_throughput import our_training_step
+    from horovod_airflow.core.train_config import TrainConfig
     from horovod_airflow.trainer import data, train
-    from horovod_airflow.trainer.config import TrainConfig
 
     config = TrainConfig(
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0

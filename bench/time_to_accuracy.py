@@ -42,7 +42,7 @@ from bench.report import (
     run_horovod,
     write_results,
 )
-from horovod_airflow.trainer.contract import METRICS, METRICS_NAME
+from horovod_airflow.core.contract import METRICS, METRICS_NAME
 
 TARGET_SPEEDUP = 10.0
 

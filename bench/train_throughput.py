@@ -54,7 +54,7 @@ from bench.report import default_ranks, machine, machine_line, md_table, write_r
 if TYPE_CHECKING:
     import torch
 
-    from horovod_airflow.trainer.config import TrainConfig as TrainerConfig
+    from horovod_airflow.core.train_config import TrainConfig as TrainerConfig
     from horovod_airflow.trainer.train import Runtime
 
 DEMO_BATCH = 64
@@ -85,8 +85,8 @@ def our_training_step(
     """
     import horovod.torch as hvd
 
+    from horovod_airflow.core.train_config import lr_at
     from horovod_airflow.trainer import train
-    from horovod_airflow.trainer.config import lr_at
 
     model = train.build_training_model(config, device)
     world_factor = train.lr_world_factor(config, device)
@@ -114,8 +114,8 @@ def run_rank(args: argparse.Namespace) -> None:
     from torchvision import datasets
 
     from bench.demo_baseline import demo_net, demo_transform, quiet_dropout2d_warning
+    from horovod_airflow.core.train_config import TrainConfig
     from horovod_airflow.trainer import data, train
-    from horovod_airflow.trainer.config import TrainConfig
     from horovod_airflow.trainer.model import build_model
 
     quiet_dropout2d_warning()

@@ -21,12 +21,11 @@ RUN python /tmp/hva/pins_from_lock.py /tmp/hva/airflow-requirements.in /tmp/hva/
  && rm -rf /tmp/hva
 
 # Our packages on PYTHONPATH under their import name, horovod_airflow (as the wheel installs
-# them), the trainer side limited to its torch-free modules so nothing here can import torch by
-# accident.
+# them): the Airflow side is operators/ and the torch-free core/ it shares with the ranks; the
+# rank program (trainer/) is not here at all, so nothing in this image can import torch.
 COPY --chown=50000:0 horovod_airflow/__init__.py /opt/hva/horovod_airflow/__init__.py
+COPY --chown=50000:0 core/ /opt/hva/horovod_airflow/core/
 COPY --chown=50000:0 operators/ /opt/hva/horovod_airflow/operators/
-COPY --chown=50000:0 trainer/__init__.py trainer/contract.py trainer/layout.py trainer/fileset.py \
-     trainer/storage.py trainer/config.py /opt/hva/horovod_airflow/trainer/
 COPY --chown=50000:0 docker/check_docker_launcher.py /opt/hva/bin/check_docker_launcher.py
 # The vendored MNIST, which the DAG's dataset_source "vendored" stages: HVA_VENDORED_MNIST says
 # where (operators/staging.py; in a checkout it is <repo>/data/mnist).
@@ -35,5 +34,6 @@ COPY --chown=50000:0 dags/ /opt/airflow/dags/
 ENV PYTHONPATH=/opt/hva \
     HVA_VENDORED_MNIST=/opt/hva/data/mnist
 
-RUN python -c "import horovod_airflow.operators, horovod_airflow.trainer.contract, horovod_airflow.trainer.layout, horovod_airflow.trainer.fileset, horovod_airflow.trainer.config" \
+RUN python -c "import horovod_airflow.operators, horovod_airflow.core.contract, horovod_airflow.core.layout, horovod_airflow.core.fileset, horovod_airflow.core.train_config" \
+ && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('horovod_airflow.trainer') is not None)" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"

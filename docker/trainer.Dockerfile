@@ -61,6 +61,7 @@ RUN useradd --create-home --uid 1000 --user-group --shell /bin/bash trainer
 COPY docker/trainer-sshd_config /etc/ssh/hva_worker_sshd_config
 COPY --from=build /opt/venv /opt/venv
 COPY horovod_airflow/__init__.py /opt/hva/horovod_airflow/__init__.py
+COPY core/ /opt/hva/horovod_airflow/core/
 COPY trainer/ /opt/hva/horovod_airflow/trainer/
 
 # NVIDIA_*: what the NVIDIA Container Toolkit exposes. LD_LIBRARY_PATH: Horovod's NCCL operations
@@ -84,7 +85,7 @@ RUN horovodrun --check-build >/tmp/check-build.txt \
  && grep -q '\[X\] PyTorch' /tmp/check-build.txt \
  && grep -q '\[X\] Gloo' /tmp/check-build.txt \
  && grep -q '\[X\] NCCL' /tmp/check-build.txt \
- && python -c "import horovod_airflow.trainer, horovod_airflow.trainer.storage, horovod_airflow.trainer.layout" \
+ && python -c "import horovod_airflow.trainer, horovod_airflow.core.storage, horovod_airflow.core.layout" \
  && rm /tmp/check-build.txt
 
 CMD ["python", "-m", "horovod_airflow.trainer", "doctor"]

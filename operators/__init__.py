@@ -11,9 +11,10 @@ from horovod_airflow.operators import (
 
 ``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
 ``trainer_param_schema("epochs", nullable=True)`` is the JSON schema of a trainer option as
-the trainer declares it (``horovod_airflow.trainer.config.param_schema``), for a DAG's ``Param``.
+the trainer declares it (``horovod_airflow.core.train_config.param_schema``), for a DAG's ``Param``.
 """
 
+from horovod_airflow.core.train_config import param_schema as trainer_param_schema
 from horovod_airflow.operators.bucket_retention import BucketRetentionOperator
 from horovod_airflow.operators.exceptions import (
     ChampionChangedError,
@@ -34,7 +35,6 @@ from horovod_airflow.operators.model_registry import safe_key
 from horovod_airflow.operators.publish import PublishModelOperator
 from horovod_airflow.operators.stage import StageDatasetOperator
 from horovod_airflow.operators.train import HorovodTrainOperator
-from horovod_airflow.trainer.config import param_schema as trainer_param_schema
 
 __all__ = [
     "BucketRetentionOperator",

@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import GATE, GATE_NAME
 from horovod_airflow.operators.exceptions import StaleModelError
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import GATE, GATE_NAME
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseNotifier

@@ -11,9 +11,8 @@ the machine. So credentials never enter horovodrun's environment: the launcher w
 to a private file (mode 0600) named by ``HVA_RANK_ENV_FILE``, and each rank sources that
 file right before it ``exec``s the program. Only the file's *path* travels on command lines.
 
-Pure functions; no Airflow, no torch (``horovod_airflow.trainer.config`` is neither): unit-testable
-and shared
-by every launcher.
+Pure functions; no Airflow, no torch (``horovod_airflow.core.train_config`` is neither):
+unit-testable and shared by every launcher.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from horovod_airflow.trainer.config import ConfigError, check_trainer_arg_keys
+from horovod_airflow.core.train_config import ConfigError, check_trainer_arg_keys
 
 HOROVODRUN = "horovodrun"
 #: The trainer's options the train operator sets from its own arguments (``program_argv``:
@@ -138,10 +137,9 @@ def trainer_args_to_argv(
     Underscores become dashes; ``True`` is a bare flag; ``False``/``None`` are omitted; a
     list value repeats its items after one flag. A list/tuple is passed through as strings.
     With an ``entrypoint`` that is this project's ``trainer train``, a dict's keys must be
-    options it declares (``horovod_airflow.trainer.config.OPTIONS``) other than those the operator
-    sets
-    itself (``TRAINER_SETS``): a misspelt key fails here, at DAG parse time, naming the known
-    ones, instead of in the ranks' argparse at run time.
+    options it declares (``horovod_airflow.core.train_config.OPTIONS``) other than those the
+    operator sets itself (``TRAINER_SETS``): a misspelt key fails here, at DAG parse time,
+    naming the known ones, instead of in the ranks' argparse at run time.
     """
     if args is None:
         return []

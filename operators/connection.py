@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class AwsConnectionMixin:
     """``s3_hook`` and ``s3_client_for(uri)`` from the operator's ``aws_conn_id``.
 
-    ``aws_conn_id=None`` means no Airflow connection: :mod:`horovod_airflow.trainer.storage` then
+    ``aws_conn_id=None`` means no Airflow connection: :mod:`horovod_airflow.core.storage` then
     builds its
     client from the standard ``AWS_*`` environment (instance role, files).
     """

@@ -15,11 +15,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from horovod_airflow.core.contract import ONNX_NAME, PARITY, PARITY_NAME, ContractError
 from horovod_airflow.operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from horovod_airflow.operators.exceptions import HorovodTrainingError
 from horovod_airflow.operators.job import HorovodJobOperatorBase, is_templated
 from horovod_airflow.operators.launchers.base import JobSpec
-from horovod_airflow.trainer.contract import ONNX_NAME, PARITY, PARITY_NAME, ContractError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -108,7 +108,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
 
     def collect_result(self) -> dict[str, Any]:
         """Read ``<output>/parity.json``; raise when it failed and ``require_parity`` is set."""
-        from horovod_airflow.trainer import storage
+        from horovod_airflow.core import storage
 
         parity_uri = storage.join(self.output_uri, PARITY_NAME)
         try:

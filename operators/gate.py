@@ -191,7 +191,7 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         """After a refusal: raise :class:`StaleModelError` past either staleness limit."""
         if self.stale_after_runs is None and self.stale_after_days is None:
             return
-        from horovod_airflow.trainer import storage
+        from horovod_airflow.core import storage
 
         client = self.s3_client_for(self.bucket_uri, metrics["output"])
         champion, _ = read_latest(settings["bucket_uri"], settings["model_name"], client=client)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import BaseOperator
 
+from horovod_airflow.core.contract import NO_RETRY_EXIT_CODES
 from horovod_airflow.operators.command import validate_env_name
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import (
@@ -36,7 +37,6 @@ from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOpt
 from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
 from horovod_airflow.operators.launchers.local import LocalLauncher, LocalOptions
 from horovod_airflow.operators.retry import with_retry_policy
-from horovod_airflow.trainer.contract import NO_RETRY_EXIT_CODES
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -483,7 +483,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
     # --- results ----------------------------------------------------------------------
     def read_json(self, uri: str, what: str) -> dict[str, Any]:
         """Read a JSON object the job wrote (through the connection's S3 client)."""
-        from horovod_airflow.trainer import storage
+        from horovod_airflow.core import storage
 
         try:
             text = storage.read_text(uri, client=self.s3_client_for(uri))

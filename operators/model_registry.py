@@ -6,7 +6,7 @@ Layout (``<bucket>/models/<model_name>/``)::
               training_curves.png, summary.md, manifest.json   # manifest written last
     latest.json        # points at the serving version; written last
 
-Every document read or written here follows its schema in ``horovod_airflow.trainer.contract``
+Every document read or written here follows its schema in ``horovod_airflow.core.contract``
 (``LATEST``,
 ``VERSION_MANIFEST``, ``GATE``, ``METRICS``, ``PARITY``); the version manifest records the
 preprocessing the model carries (from ``parity.json``).
@@ -35,9 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
-from horovod_airflow.trainer import layout, storage
-from horovod_airflow.trainer.contract import (
+from horovod_airflow.core import layout, storage
+from horovod_airflow.core.contract import (
     CHECKPOINT_NAME,
     CURVES_NAME,
     GATE,
@@ -55,6 +54,7 @@ from horovod_airflow.trainer.contract import (
     ContractError,
     check_preprocessing,
 )
+from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,12 @@ def latest_uri(bucket_uri: str, model_name: str) -> str:
     return storage.join(models_prefix(bucket_uri, model_name), LATEST_NAME)
 
 
+def latest_asset_name(model_name: str) -> str:
+    """The name of the Asset of a model's ``latest.json`` (publish's outlet, serving's
+    schedule)."""
+    return f"{model_name}_latest"
+
+
 def read_latest(
     bucket_uri: str, model_name: str, *, client: Any | None = None
 ) -> tuple[dict | None, str | None]:
@@ -112,7 +118,7 @@ def read_latest(
 
     The ETag is what a later publish conditions its write on (:func:`write_latest`). For a
     local registry folder it is the sha256 of the file's bytes. The document is checked
-    against ``horovod_airflow.trainer.contract.LATEST`` (:class:`ContractError` when it breaks it).
+    against ``horovod_airflow.core.contract.LATEST`` (:class:`ContractError` when it breaks it).
     """
     uri = latest_uri(bucket_uri, model_name)
     loc = storage.parse(uri)
@@ -461,7 +467,7 @@ def gate_challenger(
     ``champion_scorer`` (see :func:`resolve_champion_scorer`; default: the MNIST scorer,
     onnxruntime on the staged test split); if that fails, or ``champion_scorer`` is None,
     the decision refuses and says why — except where the store did not answer
-    (:class:`~horovod_airflow.trainer.storage.TransientStorageError`, raised: the task fails
+    (:class:`~horovod_airflow.core.storage.TransientStorageError`, raised: the task fails
     and is retried, since a refusal would skip publishing for a blip).
     """
     champion, etag = read_latest(bucket_uri, model_name, client=client)

@@ -1,6 +1,6 @@
 """Retention: which prefixes of a pipeline bucket may go, and deleting them safely.
 
-The bucket layout is :mod:`horovod_airflow.trainer.layout`'s (``datasets/``, ``runs/``,
+The bucket layout is :mod:`horovod_airflow.core.layout`'s (``datasets/``, ``runs/``,
 ``models/``). The policy (:class:`RetentionPolicy`) keeps, always:
 
 - **everything under** ``models/``: every published version, ``latest.json``, and a version
@@ -50,10 +50,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from horovod_airflow.operators.exceptions import RetentionConflictError
-from horovod_airflow.operators.model_registry import KEY_HASH_CHARS, read_latest
-from horovod_airflow.trainer import layout, storage
-from horovod_airflow.trainer.contract import (
+from horovod_airflow.core import layout, storage
+from horovod_airflow.core.contract import (
     GATE,
     GATE_NAME,
     LATEST_NAME,
@@ -64,6 +62,8 @@ from horovod_airflow.trainer.contract import (
     VERSION_MANIFEST_NAME,
     ContractError,
 )
+from horovod_airflow.operators.exceptions import RetentionConflictError
+from horovod_airflow.operators.model_registry import KEY_HASH_CHARS, read_latest
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 
+from horovod_airflow.core import storage
 from horovod_airflow.operators.exceptions import (
     HorovodImageError,
     HorovodTimeoutError,
     HorovodTrainingError,
 )
-from horovod_airflow.trainer import storage
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.context import Context

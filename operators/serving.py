@@ -4,10 +4,10 @@ Also used by the gate to re-score the champion on a challenger's dataset, so tha
 accuracies it compares were measured on the same data.
 
 The input normalization is never a constant here: the model carries it (the ONNX metadata
-property ``horovod_airflow.trainer.contract.PREPROCESSING_KEY``), the version manifest records the
+property ``horovod_airflow.core.contract.PREPROCESSING_KEY``), the version manifest records the
 same
 document, and a model without it is refused
-(:class:`horovod_airflow.trainer.contract.ContractError`).
+(:class:`horovod_airflow.core.contract.ContractError`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from horovod_airflow.operators.model_registry import check_version, models_prefix, read_champion
-from horovod_airflow.operators.staging import vendored_mnist
-from horovod_airflow.trainer import contract, layout, storage
-from horovod_airflow.trainer.contract import (
+from horovod_airflow.core import contract, layout, storage
+from horovod_airflow.core.contract import (
     LATEST_NAME,
     ONNX_NAME,
     VERSION_MANIFEST,
     VERSION_MANIFEST_NAME,
 )
+from horovod_airflow.operators.model_registry import check_version, models_prefix, read_champion
+from horovod_airflow.operators.staging import vendored_mnist
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def model_preprocessing(session: Any, source: str) -> dict[str, Any]:
 def predict(session: Any, raw: np.ndarray) -> np.ndarray:
     """Predicted class indices of raw samples (e.g. uint8 images), preprocessed as the model says.
 
-    Raises :class:`horovod_airflow.trainer.contract.ContractError` when the model carries no
+    Raises :class:`horovod_airflow.core.contract.ContractError` when the model carries no
     preprocessing.
     """
     pre = model_preprocessing(session, "the served model")

@@ -54,7 +54,7 @@ from typing import Any
 from horovod_airflow.operators.alerts import alert_notifiers
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
-from horovod_airflow.trainer.contract import LATEST_NAME
+from horovod_airflow.core.contract import LATEST_NAME
 
 
 def minutes(name: str, default: int) -> timedelta:

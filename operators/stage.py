@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from horovod_airflow.core.fileset import check_patterns
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import HorovodConfigError
 from horovod_airflow.operators.job import check_name, check_uri, is_templated
 from horovod_airflow.operators.retry import with_retry_policy
 from horovod_airflow.operators.staging import stage_dataset, stage_files
-from horovod_airflow.trainer.fileset import check_patterns
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -61,7 +61,7 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
     :param files: stage any files instead of the MNIST layout: the file names or glob
         patterns (``["*.npy"]``) of the files directly in ``source`` (an ``s3://`` prefix or a
         local folder; not ``"vendored"``) to stage, each pattern matching at least one file.
-        The manifest is then a file set's (:mod:`horovod_airflow.trainer.fileset`: name, size and
+        The manifest is then a file set's (:mod:`horovod_airflow.core.fileset`: name, size and
         sha256 per
         file, and the content hash naming the prefix) and the XCom holds ``files`` (the
         staged names) instead of ``splits``. None (default): the MNIST-format IDX files.

@@ -1,7 +1,7 @@
 """Stage a dataset into S3, content-addressed: the first task of the retraining pipeline.
 
 Runs in the Airflow worker; needs no torch. The layout is the trainer's
-(:mod:`horovod_airflow.trainer.layout`), so what is staged here is exactly what the ranks verify.
+(:mod:`horovod_airflow.core.layout`), so what is staged here is exactly what the ranks verify.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from horovod_airflow.trainer import fileset, layout, storage
+from horovod_airflow.core import fileset, layout, storage
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def stage_files(
 
     The files are those directly in ``source`` (an ``s3://`` prefix or a local folder) whose
     names match ``patterns`` (file names or glob patterns, e.g. ``["*.npy"]``); each pattern
-    must match at least one file. The manifest (:mod:`horovod_airflow.trainer.fileset`, written
+    must match at least one file. The manifest (:mod:`horovod_airflow.core.fileset`, written
     last) records
     each file's size and sha256 and the content hash that names the prefix. Idempotent, like
     :func:`stage_dataset`: an already staged file set uploads nothing.

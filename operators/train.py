@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from horovod_airflow.core.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, ContractError
 from horovod_airflow.operators.command import (
     TRAINER_ENTRYPOINT,
     check_controller,
@@ -25,7 +26,6 @@ from horovod_airflow.operators.exceptions import (
 )
 from horovod_airflow.operators.job import HorovodJobOperatorBase, as_int, is_templated
 from horovod_airflow.operators.launchers.base import JobSpec
-from horovod_airflow.trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, ContractError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -157,7 +157,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     def refuse_completed_training(self, try_number: int) -> None:
         """On a later try, raise :class:`TrainingCompletedError` if metrics.json is there
         (``execute`` returns a completed training of this task before it builds a job)."""
-        from horovod_airflow.trainer import storage
+        from horovod_airflow.core import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
         if storage.exists(metrics_uri, client=self.s3_client_for(metrics_uri)):
@@ -174,7 +174,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         Raises :class:`TrainingCompletedError` when ``<output>/metrics.json`` exists but is
         not this task's: unreadable, or recording another world size, dataset or setting.
         """
-        from horovod_airflow.trainer import storage
+        from horovod_airflow.core import storage
 
         ti = context.get("ti")
         try_number = int(getattr(ti, "try_number", 1) or 1)
@@ -278,7 +278,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
 
     def collect_result(self) -> dict[str, Any]:
         """Read ``<output>/metrics.json`` (not stdout) and return the small XCom dict."""
-        from horovod_airflow.trainer import storage
+        from horovod_airflow.core import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
         try:

@@ -110,9 +110,9 @@ def _run(conf: dict, out: Path) -> int:
     from airflow.sdk import DagRunState
 
     from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag
+    from horovod_airflow.core import storage
+    from horovod_airflow.core.contract import GATE, GATE_NAME, LATEST_NAME, METRICS, METRICS_NAME
     from horovod_airflow.operators.model_registry import read_champion
-    from horovod_airflow.trainer import storage
-    from horovod_airflow.trainer.contract import GATE, GATE_NAME, LATEST_NAME, METRICS, METRICS_NAME
 
     dag = retrain_dag
     start = time.monotonic()

@@ -39,7 +39,7 @@ if [ "${HVA_PREBUILD:-1}" != 0 ]; then
   timed prebuild bash scripts/prebuild.sh
 fi
 timed ruff sh -c 'ruff format --check . && ruff check .'
-timed mypy mypy
+timed mypy bash scripts/mypy.sh
 echo "== pytest" >&2
 start=$SECONDS
 set +e

@@ -6,7 +6,7 @@ import gzip
 import struct
 from pathlib import Path
 
-from horovod_airflow.trainer.layout import STEMS
+from horovod_airflow.core.layout import STEMS
 
 
 def _slice_idx(src: Path, dest: Path, count: int) -> None:

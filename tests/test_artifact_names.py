@@ -1,5 +1,5 @@
 """Every run and registry file name, every ``format`` string of a file both sides exchange and
-the ONNX preprocessing metadata key have one home, ``trainer/contract.py``: a string literal
+the ONNX preprocessing metadata key have one home, ``core/contract.py``: a string literal
 that spells one of them anywhere else in the code (trainer, operators, DAGs, scripts,
 benchmarks, examples) fails here, and so does any other ``horovod-airflow/<thing>-v<N>``
 format invented outside it, so the trainer and the operators cannot drift apart."""
@@ -10,10 +10,10 @@ import ast
 import re
 from pathlib import Path
 
-from horovod_airflow.trainer import contract, layout
+from horovod_airflow.core import contract, layout
 
 REPO = Path(__file__).resolve().parents[1]
-HOME = REPO / "trainer" / "contract.py"
+HOME = REPO / "core" / "contract.py"
 NAMES = {
     getattr(contract, n)
     for n in dir(contract)
@@ -64,20 +64,20 @@ def test_the_names_are_the_ones_the_contract_lists():
     assert len({s.format for s in SCHEMAS}) == len(SCHEMAS)  # one format per schema
 
 
-def test_layout_re_exports_the_contract_names_and_defines_none():
-    for name in ("METRICS_NAME", "MANIFEST_NAME", "ONNX_NAME", "LATEST_NAME"):
-        assert getattr(layout, name) is getattr(contract, name)
+def test_layout_uses_the_contract_names_and_defines_none():
+    assert layout.MANIFEST_NAME is contract.MANIFEST_NAME
     assert layout.FORMAT == contract.DATASET_FORMAT
+    assert not hasattr(layout, "METRICS_NAME")  # the contract's names have one home
 
 
 def test_no_artifact_name_is_spelled_outside_its_home():
-    files = [p for d in ("trainer", "operators", "dags", "scripts", "bench", "examples")
+    files = [p for d in ("core", "trainer", "operators", "dags", "scripts", "bench", "examples")
              for p in sorted((REPO / d).rglob("*.py")) if p != HOME]  # fmt: skip
     assert len(files) > 20
     offenders = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in files
                  for line, value in _literals(p)]  # fmt: skip
     assert not offenders, (
-        "name these with horovod_airflow.trainer.contract's constants:\n" + "\n".join(offenders)
+        "name these with horovod_airflow.core.contract's constants:\n" + "\n".join(offenders)
     )
 
 

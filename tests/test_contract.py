@@ -1,4 +1,4 @@
-"""The contract between the trainer and the Airflow side (``trainer/contract.py``): formats,
+"""The contract between the trainer and the Airflow side (``core/contract.py``): formats,
 required keys and types of the exchanged JSON files, and the preprocessing a model carries."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from horovod_airflow.trainer import contract
-from horovod_airflow.trainer.contract import (
+from horovod_airflow.core import contract
+from horovod_airflow.core.contract import (
     GATE,
     LATEST,
     METRICS,
@@ -31,7 +31,7 @@ def _pre(**overrides):
 
 def test_the_contract_imports_without_torch_numpy_or_airflow():
     code = (
-        "import sys, horovod_airflow.trainer.contract, horovod_airflow.trainer.layout; "
+        "import sys, horovod_airflow.core.contract, horovod_airflow.core.layout; "
         "print(sorted(m for m in ('torch', 'numpy', 'airflow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

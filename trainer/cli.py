@@ -21,7 +21,7 @@ Check that N ranks can start here::
 ``--data`` and ``--output`` take ``s3://bucket/prefix`` (credentials and endpoint from the
 standard AWS_* environment variables) or a local folder.
 
-Exit codes (``horovod_airflow.trainer.contract``): 0 done; 2 a bad command line; 3 refused, no
+Exit codes (``horovod_airflow.core.contract``): 0 done; 2 a bad command line; 3 refused, no
 retry can fix it (a checkpoint of other settings, data or world size; a staged dataset that
 fails its checks; an export whose parity fails); 1 any other failure (retried by Airflow).
 """
@@ -34,9 +34,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-from horovod_airflow.trainer import config as options
-from horovod_airflow.trainer.config import ConfigError, TrainConfig
-from horovod_airflow.trainer.contract import EXIT_REFUSED
+from horovod_airflow.core import train_config as options
+from horovod_airflow.core.contract import EXIT_REFUSED
+from horovod_airflow.core.train_config import ConfigError, TrainConfig
 
 
 def _help(name: str) -> str:
@@ -135,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = config_from_args(args)
         except ConfigError as e:
             parser.exit(2, f"python -m horovod_airflow.trainer train: error: {e}\n")
-        from horovod_airflow.trainer.layout import DatasetError
-        from horovod_airflow.trainer.storage import StorageError
+        from horovod_airflow.core.layout import DatasetError
+        from horovod_airflow.core.storage import StorageError
         from horovod_airflow.trainer.train import ResumeMismatchError, TrainingError, run
 
         try:
@@ -153,9 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"python -m horovod_airflow.trainer export: error: --samples: an integer >= 1, "
                 f"got {args.samples}\n",
             )
+        from horovod_airflow.core.layout import DatasetError
+        from horovod_airflow.core.storage import StorageError
         from horovod_airflow.trainer.export import ParityError, run_export
-        from horovod_airflow.trainer.layout import DatasetError
-        from horovod_airflow.trainer.storage import StorageError
         from horovod_airflow.trainer.train import TrainingError
 
         try:

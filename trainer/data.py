@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from horovod_airflow.trainer import layout, storage
-from horovod_airflow.trainer.layout import DatasetError, DatasetIntegrityError
+from horovod_airflow.core import layout, storage
+from horovod_airflow.core.layout import DatasetError, DatasetIntegrityError
 
 if TYPE_CHECKING:
     import torch

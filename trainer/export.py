@@ -3,7 +3,7 @@
 ``python -m horovod_airflow.trainer export --checkpoint URI --output URI [--data URI] [--samples
 N]`` writes
 ``<output>/model.onnx`` (dynamic batch axis, weights embedded — no ``.onnx.data`` sidecar)
-and ``<output>/parity.json`` (``horovod_airflow.trainer.contract.PARITY``). Parity: onnxruntime and
+and ``<output>/parity.json`` (``horovod_airflow.core.contract.PARITY``). Parity: onnxruntime and
 PyTorch
 (float32, eval mode) on held-out test images; the export fails — exit 1, no ``model.onnx``
 written — when any logit differs by more than ``TOLERANCE`` or any predicted class differs.
@@ -13,7 +13,7 @@ with mean/std from ``horovod_airflow.trainer.model``; the output is ``logits`` `
 model
 carries that preprocessing (``horovod_airflow.trainer.model.preprocessing()``) as the JSON of its
 ONNX
-metadata property ``horovod_airflow.trainer.contract.PREPROCESSING_KEY``, and ``parity.json``
+metadata property ``horovod_airflow.core.contract.PREPROCESSING_KEY``, and ``parity.json``
 records it too,
 so serving reads it from the model instead of repeating the numbers.
 """
@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from horovod_airflow.trainer import contract, data, storage
-from horovod_airflow.trainer.config import TrainConfig
-from horovod_airflow.trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
+from horovod_airflow.core import contract, storage
+from horovod_airflow.core.contract import ONNX_NAME, PARITY, PARITY_NAME
+from horovod_airflow.core.train_config import TrainConfig
+from horovod_airflow.trainer import data
 from horovod_airflow.trainer.model import (
     INPUT_NAME,
     INPUT_SHAPE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from horovod_airflow.trainer import contract
+from horovod_airflow.core import contract
 
 if TYPE_CHECKING:
     from torch import nn

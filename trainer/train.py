@@ -24,15 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from horovod_airflow.trainer import data, storage
-from horovod_airflow.trainer.config import ConfigError, TrainConfig, lr_at
-from horovod_airflow.trainer.contract import (
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     METRICS,
     METRICS_NAME,
 )
-from horovod_airflow.trainer.layout import DatasetError, DatasetIntegrityError
+from horovod_airflow.core.layout import DatasetError, DatasetIntegrityError
+from horovod_airflow.core.train_config import ConfigError, TrainConfig, lr_at
+from horovod_airflow.trainer import data
 from horovod_airflow.trainer.model import build_model
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ Horovod training program (:mod:`.train`), its own ONNX export with a parity chec
 (:mod:`.export`), its own serving check and champion scorer (:mod:`.serving`, no torch), and
 two DAGs (``dags/``) that run it through the project's operators and publish it as
 ``waveform_cnn`` next to ``mnist_cnn`` in the same bucket. Every file it exchanges with the
-project follows ``horovod_airflow.trainer.contract``: ``metrics.json`` (``METRICS``),
+project follows ``horovod_airflow.core.contract``: ``metrics.json`` (``METRICS``),
 ``parity.json``
 (``PARITY``, with ``preprocessing``), the staged file set (``FILESET_FORMAT``) and the
 preprocessing the ONNX model carries (``PREPROCESSING_KEY``), which serving reads with the

@@ -81,7 +81,7 @@ def write_dataset(out: str | Path) -> list[Path]:
 
 def load_split(paths: dict[str, Path], split: str) -> tuple[Any, Any]:
     """Signals and labels of ``split`` from ``{file name: path}``, checked; DatasetError else."""
-    from horovod_airflow.trainer.layout import DatasetError
+    from horovod_airflow.core.layout import DatasetError
 
     try:
         signals = np.load(paths[file_name(split, "signals")], allow_pickle=False)

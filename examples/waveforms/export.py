@@ -3,17 +3,17 @@
 What ``HorovodExportOperator`` runs with ``entrypoint=("python", "-m",
 "examples.waveforms.export")``. Writes ``<output>/model.onnx`` (one self-contained file,
 dynamic batch axis; input ``signal`` float32 ``[batch, 1, length]``, output ``logits``) and
-``<output>/parity.json`` (``horovod_airflow.trainer.contract.PARITY``: ``max_abs_diff``,
+``<output>/parity.json`` (``horovod_airflow.core.contract.PARITY``: ``max_abs_diff``,
 ``argmax_mismatches``, ``samples``, ``tolerance``, ``passed``, ``preprocessing``,
 ``onnx_accuracy``, ``torch_accuracy``, ...), and exits non-zero, writing no ``model.onnx``,
 when parity fails.
 
 The model carries its preprocessing as the contract says: the checkpoint's
-``horovod_airflow.trainer.contract.preprocessing`` document (the train split's mean and std, the
+``horovod_airflow.core.contract.preprocessing`` document (the train split's mean and std, the
 class names
 as ``labels``) is the JSON of the ONNX metadata property
-``horovod_airflow.trainer.contract.PREPROCESSING_KEY``
-(``horovod_airflow.trainer.contract.preprocessing_metadata``), and ``parity.json`` records the same
+``horovod_airflow.core.contract.PREPROCESSING_KEY``
+(``horovod_airflow.core.contract.preprocessing_metadata``), and ``parity.json`` records the same
 document,
 which publish copies into the version manifest. Serving (:mod:`horovod_airflow.operators.serving`)
 reads it
@@ -22,7 +22,7 @@ back from the model.
 ``--data`` (default: the dataset the checkpoint was trained on) and ``--samples`` pick the
 test signals. Parity compares PyTorch (on the trainer's input) with onnxruntime fed through
 the preprocessing read back from the exported file's metadata
-(``horovod_airflow.trainer.contract.preprocessing_from_metadata`` and ``apply_preprocessing``, as
+(``horovod_airflow.core.contract.preprocessing_from_metadata`` and ``apply_preprocessing``, as
 serving
 does), so a wrong preprocessing record fails it too.
 """
@@ -41,8 +41,8 @@ from typing import Any
 from examples.waveforms.data import load_split
 from examples.waveforms.model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME, build_model
 from examples.waveforms.train import CHECKPOINT_FORMAT, standardize
-from horovod_airflow.trainer import contract, fileset, storage
-from horovod_airflow.trainer.contract import ONNX_NAME, PARITY, PARITY_NAME
+from horovod_airflow.core import contract, fileset, storage
+from horovod_airflow.core.contract import ONNX_NAME, PARITY, PARITY_NAME
 from horovod_airflow.trainer.export import write_onnx
 
 TOLERANCE = 1e-4

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from examples.waveforms.data import CLASSES
-from horovod_airflow.trainer import contract
+from horovod_airflow.core import contract
 
 MODEL_NAME = "waveform_cnn1d"
 INPUT_NAME, OUTPUT_NAME = "signal", "logits"
 
 
 def preprocessing_of(train_signals: Any) -> dict[str, Any]:
-    """The model's preprocessing (``horovod_airflow.trainer.contract.preprocessing``) for raw
+    """The model's preprocessing (``horovod_airflow.core.contract.preprocessing``) for raw
     signals
     ``[N, length]``: ``x = (raw - mean) / std`` with the mean and std of ``train_signals``,
     one channel of ``length`` samples, the labels ``CLASSES``. ValueError when they are

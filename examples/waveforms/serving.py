@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from examples.waveforms.data import SERVING_SEED, generate, load_split
+from horovod_airflow.core import fileset, storage
+from horovod_airflow.core.contract import ONNX_NAME
 from horovod_airflow.operators.serving import (
     model_preprocessing,
     open_published_model,
@@ -24,8 +26,6 @@ from horovod_airflow.operators.serving import (
     published_or_latest,
     score_on_test_split,
 )
-from horovod_airflow.trainer import fileset, storage
-from horovod_airflow.trainer.contract import ONNX_NAME
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ def score_published_model(
     score_published_model``): same signature and result as
     :func:`horovod_airflow.operators.serving.score_published_model`. A model or data it cannot read
     raises
-    ValueError (``horovod_airflow.trainer.contract.ContractError``,
-    ``horovod_airflow.trainer.layout.DatasetError``), which
+    ValueError (``horovod_airflow.core.contract.ContractError``,
+    ``horovod_airflow.core.layout.DatasetError``), which
     the gate reports as its reason to refuse.
     """
     return score_on_test_split(published, dataset_uri, load_staged_test_split, client=client)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from horovod_airflow.operators.settings import BUCKET_URI
-from horovod_airflow.trainer.layout import LATEST_NAME
+from horovod_airflow.core.contract import LATEST_NAME
 
 #: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
 DATASET_DIR = Path(__file__).resolve().parent / "dataset"

@@ -4,7 +4,7 @@
 Follows the training-program contract of ``docs/design.md``, so ``HorovodTrainOperator`` can
 launch it (``entrypoint=("python", "-m", "examples.waveforms.train")``):
 
-- ``--data``: a staged file set (:mod:`horovod_airflow.trainer.fileset`) holding the ``.npy`` files
+- ``--data``: a staged file set (:mod:`horovod_airflow.core.fileset`) holding the ``.npy`` files
 of
   :mod:`examples.waveforms.data`; every rank fetches it and checks each file's sha256;
 - rank 0 broadcasts the initial weights and optimizer state before the first step
@@ -13,7 +13,7 @@ of
 - the validation metrics are exact: each rank scores a disjoint slice of the test split and
   the sums (loss, correct, count) are allreduced, so ``val_accuracy`` is over the whole split;
 - rank 0 alone writes ``<output>/checkpoint.pt`` (each epoch) and, at the end,
-  ``<output>/metrics.json`` (``horovod_airflow.trainer.contract.METRICS``: ``val_accuracy``,
+  ``<output>/metrics.json`` (``horovod_airflow.core.contract.METRICS``: ``val_accuracy``,
   ``val_loss``,
   ``val_correct``, ``val_samples``, ``epochs``, ``world_size``, ``history``,
   ``preprocessing``, ``dataset``, ``config``, ``versions``, ``artifacts``,
@@ -24,14 +24,14 @@ of
 
 Preprocessing: ``x = (raw * scale - mean) / std`` with ``scale`` 1 and the train split's
 mean and std (:func:`examples.waveforms.model.preprocessing_of`, the contract's
-preprocessing document), applied by ``horovod_airflow.trainer.contract.apply_preprocessing`` as
+preprocessing document), applied by ``horovod_airflow.core.contract.apply_preprocessing`` as
 serving
 applies it, recorded in the checkpoint and metrics and written by :mod:`.export` into the
 ONNX model's metadata, which serving reads.
 
 ``checkpoint.pt`` is the example's own (format :data:`CHECKPOINT_FORMAT`, read only by this
 program's ``--resume`` and by :mod:`.export`): its content is not the project trainer's, so it
-does not carry ``horovod_airflow.trainer.contract.CHECKPOINT_FORMAT``.
+does not carry ``horovod_airflow.core.contract.CHECKPOINT_FORMAT``.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from typing import Any
 
 from examples.waveforms.data import load_split
 from examples.waveforms.model import MODEL_NAME, build_model, preprocessing_of
-from horovod_airflow.trainer import contract, fileset, storage
-from horovod_airflow.trainer.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME
+from horovod_airflow.core import contract, fileset, storage
+from horovod_airflow.core.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME
 
 #: The example's checkpoint format: private to the example, so outside the project's
-#: ``horovod-airflow/`` namespace (which horovod_airflow.trainer.contract owns).
+#: ``horovod-airflow/`` namespace (which horovod_airflow.core.contract owns).
 CHECKPOINT_FORMAT = "waveforms/checkpoint-v1"
 
 
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def standardize(raw: Any, pre: dict[str, Any]) -> Any:
     """float32 tensor ``[N, 1, length]`` from raw signals ``[N, length]``, as serving does
-    (``horovod_airflow.trainer.contract.apply_preprocessing`` with the model's preprocessing
+    (``horovod_airflow.core.contract.apply_preprocessing`` with the model's preprocessing
     ``pre``)."""
     import torch
 

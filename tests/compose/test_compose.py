@@ -715,64 +715,14 @@ def test_airflow_image_extends_the_locked_airflow_version() -> None:
     assert base == f"apache/airflow:{lock_version('apache-airflow')}-python3.11"
 
 
-PKG = "horovod_airflow"  # the import name trainer/ and operators/ are installed under
-
-
-def _trainer_imports(path: Path, *, top_level: bool = False) -> set[str]:
-    """The ``trainer`` modules a file imports (``from trainer import x``, ``trainer.x``);
-    with ``top_level``, only those imported when the module itself is imported."""
-    found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    for node in tree.body if top_level else ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == PKG + ".trainer":
-                found |= {a.name for a in node.names}
-            elif node.module.startswith(PKG + ".trainer."):
-                found.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            found |= {
-                a.name.split(".")[2] for a in node.names if a.name.startswith(PKG + ".trainer.")
-            }
-    return found
-
-
-def test_airflow_image_holds_the_trainer_modules_the_operators_import() -> None:
-    """Every trainer module the operators and DAGs import — and every one those import in
-    turn — is copied into the Airflow image (which has no torch, so none may need it)."""
+def test_airflow_image_holds_the_airflow_side_and_no_rank_code() -> None:
+    """The Airflow image copies the layers its processes run — core/ (which the operators
+    import; tests/test_import_names.py imports the operators with torch and the trainer
+    refused) and operators/ — and the DAGs, but not trainer/: no rank code, no torch."""
     steps = dockerfile_instructions(DOCKER_DIR / "airflow.Dockerfile")
     copied = {s for _, k, a in steps if k == "COPY" for s in copy_sources(a) or []}
-    trainer_modules = {Path(s).stem for s in copied if s.startswith("trainer/")}
-    assert {"layout", "storage", "contract"} <= trainer_modules
-    assert "operators/" in copied and "dags/" in copied
-    needed: dict[str, Path] = {}
-    # The Airflow side's imports, lazy ones included (they run on the workers); then what those
-    # trainer modules import when imported (a trainer module's lazy imports, such as
-    # horovod_airflow.trainer.config's of horovod_airflow.trainer.model to check a model name, are
-    # not the Airflow side's).
-    todo = [(p, False) for p in (*_python_files("operators"), *_python_files("dags"))]
-    while todo:
-        path, top_level = todo.pop()
-        for name in _trainer_imports(path, top_level=top_level) - needed.keys():
-            needed[name] = path
-            module = REPO / "trainer" / f"{name}.py"
-            if module.is_file():
-                todo.append((module, True))
-    missing = {n: p for n, p in needed.items() if n not in trainer_modules}
-    assert not missing, "the Airflow image does not copy (docker/airflow.Dockerfile): " + ", ".join(
-        f"trainer/{n}.py (imported by {p.relative_to(REPO)})" for n, p in sorted(missing.items())
-    )
-    heavy = {"torch", "horovod", "torchvision"}
-    for name in trainer_modules - {"__init__"}:
-        source = (REPO / "trainer" / f"{name}.py").read_text()
-        imported = {
-            a.name.split(".")[0]
-            for node in ast.parse(source).body
-            if isinstance(node, ast.Import | ast.ImportFrom)
-            for a in (
-                node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")]
-            )
-        }
-        assert not imported & heavy, f"trainer/{name}.py imports {imported & heavy}"
+    assert {"core/", "operators/", "dags/"} <= copied
+    assert not {s for s in copied if s.startswith("trainer")}, copied
 
 
 def test_airflow_image_puts_the_vendored_mnist_where_staging_looks() -> None:

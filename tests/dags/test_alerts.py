@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import GATE, LATEST
 from horovod_airflow.operators.alerts import check_staleness, staleness
 from horovod_airflow.operators.exceptions import StaleModelError
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import GATE, LATEST
 from tests.conftest import free_port
 from tests.dags.test_retrain_dag import SMALL_RUN, _deploy, _states
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import GATE, METRICS
 from horovod_airflow.operators.model_registry import safe_key
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import GATE, METRICS
 from tests.operators.helpers import publish_fake_model
 
 DAG_ID = "horovod_bucket_retention"

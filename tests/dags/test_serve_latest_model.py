@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.core import contract, layout
 from horovod_airflow.operators.staging import stage_dataset
-from horovod_airflow.trainer import contract, layout
 from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import centroid_classifier, linear_onnx_model, publish_fake_model
 

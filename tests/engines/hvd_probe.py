@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     hvd.allreduce(torch.zeros(1), name="barrier")  # distributed: no rank exits before the rest
 
     if rank == 0:
-        from horovod_airflow.trainer import storage
-        from horovod_airflow.trainer.contract import METRICS, METRICS_NAME
+        from horovod_airflow.core import storage
+        from horovod_airflow.core.contract import METRICS, METRICS_NAME
 
         expected = size * (size + 1) / 2
         metrics = {

@@ -280,7 +280,7 @@ def test_a_two_node_trainjob_trains_like_one_pod_with_two_ranks(
 # runs as long as the test needs.
 GATE = (
     "import os, sys, time\n"
-    "from horovod_airflow.trainer import storage\n"
+    "from horovod_airflow.core import storage\n"
     "released = storage.exists(sys.argv[1])\n"
     "print('hva-gated rank', os.environ['HOROVOD_RANK'], flush=True)\n"
     "deadline = time.monotonic() + 600\n"

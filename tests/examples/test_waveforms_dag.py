@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from horovod_airflow.trainer import contract
+from horovod_airflow.core import contract
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = REPO / "examples" / "waveforms" / "dags"
@@ -267,7 +267,7 @@ def test_shipped_dataset_is_the_generator_output(tmp_path):
 def test_bad_example_data_and_preprocessing_are_refused_naming_what(tmp_path):
     from examples.waveforms import data
     from examples.waveforms.model import preprocessing_of
-    from horovod_airflow.trainer.layout import DatasetError
+    from horovod_airflow.core.layout import DatasetError
 
     paths = {p.name: p for p in data.write_dataset(tmp_path)}
     signals, _ = data.load_split(paths, "train")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from examples.waveforms.settings import DATASET_DIR, DATASET_FILES
+from horovod_airflow.core import contract
 from horovod_airflow.operators.staging import stage_files
-from horovod_airflow.trainer import contract
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 

@@ -87,7 +87,7 @@ def linear_onnx_model(weights: Any, bias: Any, *, preprocessing: bool = True) ->
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from horovod_airflow.trainer import contract
+    from horovod_airflow.core import contract
     from horovod_airflow.trainer.model import preprocessing as mnist_preprocessing
 
     w = numpy_helper.from_array(np.asarray(weights, dtype=np.float32), "W")
@@ -116,7 +116,7 @@ def centroid_classifier(images: Any, labels: Any) -> tuple[Any, Any]:
     """Weights and bias of a nearest-centroid classifier (normalized pixels), as a Gemm."""
     import numpy as np
 
-    from horovod_airflow.trainer import contract
+    from horovod_airflow.core import contract
     from horovod_airflow.trainer.model import preprocessing
 
     x = contract.apply_preprocessing(preprocessing(), images).reshape(len(images), -1)
@@ -219,7 +219,7 @@ def publish_centroid_model(
     accuracy is the true one, computed here in numpy, unless ``accuracy`` says otherwise."""
     import numpy as np
 
-    from horovod_airflow.trainer import contract
+    from horovod_airflow.core import contract
     from horovod_airflow.trainer.model import preprocessing
 
     weights, bias = centroid_classifier(*train)
@@ -245,8 +245,8 @@ def put_run_artifacts(
 
     Returns the XComs of the train and export tasks, as those operators return them.
     """
-    from horovod_airflow.trainer import storage
-    from horovod_airflow.trainer.contract import METRICS, PARITY
+    from horovod_airflow.core import storage
+    from horovod_airflow.core.contract import METRICS, PARITY
     from horovod_airflow.trainer.model import preprocessing
 
     storage.write_bytes(f"{run}/checkpoint.pt", b"checkpoint", client=s3)

@@ -320,7 +320,7 @@ def test_on_kill_stops_the_running_container_and_is_idempotent():
 def test_operator_uses_docker_hook_with_injectable_url(s3_server):
     """The operator builds the client through the provider's DockerHook (patched where it is
     imported), with docker_url / docker_conn_id passed through, and reads metrics after."""
-    from horovod_airflow.trainer.contract import METRICS
+    from horovod_airflow.core.contract import METRICS
 
     client = FakeDockerClient([b"[0]<stdout>:done\n"], {"StatusCode": 0})
     bucket = s3_server.new_bucket()

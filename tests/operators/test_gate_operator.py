@@ -8,9 +8,9 @@ import uuid
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import GATE, LATEST
 from horovod_airflow.operators import HorovodConfigError, ModelGateOperator
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import GATE, LATEST
 from tests.operators.helpers import dag_in_bundle, undocumented_template_fields
 
 DATASET = {"uri": "s3://data/datasets/mnist/abc", "content_hash": "abc"}

@@ -17,6 +17,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
+from horovod_airflow.core.contract import METRICS, PARITY
 from horovod_airflow.operators import (
     HorovodExportOperator,
     HorovodLaunchError,
@@ -43,7 +44,6 @@ from horovod_airflow.operators.launchers.kubernetes import (
     pod_start_failure,
 )
 from horovod_airflow.operators.triggers import MPIJobTrigger
-from horovod_airflow.trainer.contract import METRICS, PARITY
 from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import PROGRAM, LineLog, context, with_launcher_options
 from tests.operators.mpijob_schema import mpijob_errors

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from horovod_airflow.core import contract, storage
+from horovod_airflow.core.contract import LATEST, METRICS, PARITY, ContractError
 from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
 from horovod_airflow.operators.model_registry import (
     decide_gate,
@@ -22,8 +24,6 @@ from horovod_airflow.operators.model_registry import (
     safe_key,
     write_latest,
 )
-from horovod_airflow.trainer import contract, storage
-from horovod_airflow.trainer.contract import LATEST, METRICS, PARITY, ContractError
 from horovod_airflow.trainer.model import preprocessing
 
 HISTORY = [

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import LATEST
 from horovod_airflow.operators.exceptions import ChampionChangedError
 from horovod_airflow.operators.model_registry import read_latest, write_latest
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import LATEST
 from scripts.devstack import Credentials
 from tests.conftest import S3Server, free_port
 

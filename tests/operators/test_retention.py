@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.core import layout, storage
+from horovod_airflow.core.contract import GATE, METRICS
 from horovod_airflow.operators import retention
 from horovod_airflow.operators.exceptions import RetentionConflictError
 from horovod_airflow.operators.model_registry import read_latest, safe_key, write_latest
 from horovod_airflow.operators.serving import smoke_test_published_model
 from horovod_airflow.operators.staging import stage_dataset
-from horovod_airflow.trainer import layout, storage
-from horovod_airflow.trainer.contract import GATE, METRICS
 from tests.mnist_subset import write_subset
 from tests.operators.helpers import publish_centroid_model, publish_fake_model
 from tests.s3_faults import faulty_s3
@@ -355,7 +355,7 @@ def test_a_bad_policy_is_refused_naming_the_value_and_what_is_allowed(kwargs, me
 
 
 def test_only_the_layouts_prefixes_are_touched_and_what_latest_json_reaches_stays(s3_server):
-    from horovod_airflow.trainer.contract import LATEST
+    from horovod_airflow.core.contract import LATEST
 
     s3 = s3_server.client()
     bucket = s3_server.new_bucket("retain-shape")

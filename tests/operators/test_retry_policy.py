@@ -13,6 +13,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from kubernetes.client.exceptions import ApiException
 
+from horovod_airflow.core import storage
 from horovod_airflow.operators.exceptions import (
     HorovodImageError,
     HorovodLaunchError,
@@ -20,7 +21,6 @@ from horovod_airflow.operators.exceptions import (
     HorovodTrainingError,
 )
 from horovod_airflow.operators.retry import HorovodRetryPolicy, classify
-from horovod_airflow.trainer import storage
 from tests.operators.helpers import dag_in_bundle
 
 

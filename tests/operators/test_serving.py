@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from horovod_airflow.core import layout, storage
+from horovod_airflow.core.contract import GATE, PREPROCESSING_KEY, ContractError
 from horovod_airflow.operators.model_registry import gate_challenger, read_latest
 from horovod_airflow.operators.serving import (
     ModelIntegrityError,
@@ -16,8 +18,6 @@ from horovod_airflow.operators.serving import (
     smoke_test_published_model,
 )
 from horovod_airflow.operators.staging import stage_dataset
-from horovod_airflow.trainer import layout, storage
-from horovod_airflow.trainer.contract import GATE, PREPROCESSING_KEY, ContractError
 from tests.operators.helpers import (
     centroid_classifier,
     linear_onnx_model,
@@ -223,7 +223,7 @@ def test_a_latest_json_pointing_outside_the_registry_is_refused(s3_server, stage
                               onnx_bytes=linear_onnx_model(*centroid_classifier(x_train, y_train)),
                               accuracy=0.8, dataset_hash="d" * 64, dag_run_id="ours")  # fmt: skip
     theirs = _attacker_model(s3_server, x_train, y_train)
-    from horovod_airflow.trainer.contract import LATEST
+    from horovod_airflow.core.contract import LATEST
 
     forged = {k: v for k, v in {**ours, "onnx_uri": theirs["onnx_uri"]}.items() if k != "format"}
     s3.put_object(Bucket=bucket, Key="models/mnist_cnn/latest.json", Body=LATEST.dumps(forged))

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.core import fileset, storage
+from horovod_airflow.core.layout import DatasetError, DatasetIntegrityError
 from horovod_airflow.operators import HorovodConfigError, ModelGateOperator, StageDatasetOperator
 from horovod_airflow.operators.model_registry import gate_challenger, resolve_champion_scorer
 from horovod_airflow.operators.staging import stage_files
-from horovod_airflow.trainer import fileset, storage
-from horovod_airflow.trainer.layout import DatasetError, DatasetIntegrityError
 from tests.operators.helpers import publish_fake_model
 
 

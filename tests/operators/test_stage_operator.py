@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from horovod_airflow.core import layout
 from horovod_airflow.operators import StageDatasetOperator
 from horovod_airflow.operators.staging import stage_dataset
-from horovod_airflow.trainer import layout
 from tests.operators.helpers import undocumented_template_fields
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from horovod_airflow.core import layout, storage
 from horovod_airflow.operators.staging import stage_dataset
-from horovod_airflow.trainer import layout, storage
 from tests.mnist_subset import write_subset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,8 +128,8 @@ def test_read_idx_matches_torchvision_and_rejects_a_truncated_body(tmp_path, mni
 def test_the_vendored_mnist_folder_follows_hva_vendored_mnist(monkeypatch, tmp_path):
     """The Airflow image keeps the MNIST files apart from the package: staging and serving
     both find them through HVA_VENDORED_MNIST, and a wrong folder is named."""
+    from horovod_airflow.core import layout
     from horovod_airflow.operators import serving, staging
-    from horovod_airflow.trainer import layout
 
     monkeypatch.setenv("HVA_VENDORED_MNIST", str(staging.VENDORED_MNIST))
     assert staging.vendored_mnist() == staging.VENDORED_MNIST

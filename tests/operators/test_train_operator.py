@@ -12,6 +12,7 @@ import pytest
 from airflow.exceptions import AirflowException
 from airflow.sdk.exceptions import AirflowFailException
 
+from horovod_airflow.core.contract import METRICS, PARITY
 from horovod_airflow.operators import (
     HorovodConfigError,
     HorovodExportOperator,
@@ -25,7 +26,6 @@ from horovod_airflow.operators import (
 )
 from horovod_airflow.operators.command import RANK_ENV_WRAPPER, Host
 from horovod_airflow.operators.launchers.local import check_slots
-from horovod_airflow.trainer.contract import METRICS, PARITY
 from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import PROGRAM, context
 

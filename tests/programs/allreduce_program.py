@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import METRICS, METRICS_NAME
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import METRICS, METRICS_NAME
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

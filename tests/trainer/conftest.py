@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from horovod_airflow.trainer import layout
+from horovod_airflow.core import layout
 from tests.conftest import MNIST_DIR, VENV_BIN
 from tests.mnist_subset import write_subset
 

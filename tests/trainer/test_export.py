@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from horovod_airflow.trainer.contract import PARITY
+from horovod_airflow.core.contract import PARITY
 from horovod_airflow.trainer.model import NORMALIZE_MEAN, preprocessing
 from tests.trainer.conftest import Run, describe
 
@@ -15,7 +15,7 @@ ORT_WITHOUT_TORCH = """
 import json, sys
 import numpy as np
 import onnxruntime as ort
-from horovod_airflow.trainer import contract
+from horovod_airflow.core import contract
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 meta = session.get_modelmeta().custom_metadata_map
 pre = contract.preprocessing_from_metadata(meta, sys.argv[1])
@@ -98,7 +98,8 @@ def test_parity_feeds_onnx_what_serving_feeds_it(tiny_run: Run, tmp_path: Path) 
     """onnxruntime gets the raw test images prepared by the model's declared preprocessing
     (what serving does); PyTorch gets the trainer's own input. A declared preprocessing that
     differs from the training's fails parity, so it is caught before publishing."""
-    from horovod_airflow.trainer import contract, data
+    from horovod_airflow.core import contract
+    from horovod_airflow.trainer import data
     from horovod_airflow.trainer.export import export_onnx, parity
     from horovod_airflow.trainer.model import build_model
     from horovod_airflow.trainer.train import load_checkpoint

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from horovod_airflow.core import train_config as options
+from horovod_airflow.core.train_config import ConfigError, TrainConfig
 from horovod_airflow.trainer import cli
-from horovod_airflow.trainer import config as options
-from horovod_airflow.trainer.config import ConfigError, TrainConfig
 from tests import readme
 from tests.test_readme_commands import DOCTOR
 
@@ -101,9 +101,8 @@ def test_help_explains_resume_and_its_mismatch_choice() -> None:
     assert "default error" in text
 
 
-# --- Each option is declared once (horovod_airflow.trainer.config); the parser, the checks and the
-# DAG's
-# --- Params are derived from that declaration, so they must agree with it everywhere.
+# --- Each option is declared once (horovod_airflow.core.train_config); the parser, the checks
+# --- and the DAG's Params are derived from that declaration, so they must agree everywhere.
 
 
 REQUIRED = {"data": "/nonexistent/data", "output": "/nonexistent/out"}

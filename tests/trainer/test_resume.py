@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from horovod_airflow.trainer.config import TrainConfig
-from horovod_airflow.trainer.contract import EXIT_REFUSED
+from horovod_airflow.core.contract import EXIT_REFUSED
+from horovod_airflow.core.train_config import TrainConfig
 from horovod_airflow.trainer.train import Runtime, load_checkpoint, resume_mismatches, run_identity
 from tests.trainer.conftest import describe, horovodrun_command, run_horovod, trainer_env
 

@@ -1,4 +1,4 @@
-"""Local-folder side of ``horovod_airflow.trainer.storage``: atomic writes with the modes
+"""Local-folder side of ``horovod_airflow.core.storage``: atomic writes with the modes
 ``open()`` would give."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from horovod_airflow.trainer import storage
+from horovod_airflow.core import storage
 
 
 @pytest.fixture

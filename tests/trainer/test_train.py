@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import EXIT_REFUSED, METRICS
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import EXIT_REFUSED, METRICS
 from tests.conftest import MNIST_DIR
 from tests.mnist_subset import write_subset
 from tests.trainer.conftest import (
@@ -217,7 +217,7 @@ def test_s3_data_and_output(s3_server, mnist_subset: Path, tmp_path: Path) -> No
     """The ranks as their own identity (read datasets/, read/write runs/): they train from
     S3 and write their run folder; a rank told to write under models/ is refused by the
     server (AccessDenied, naming the ranks' access key id) and fails loudly."""
-    from horovod_airflow.trainer import layout
+    from horovod_airflow.core import layout
 
     staged_local = stage_local(mnist_subset)
     manifest = json.loads((staged_local / "manifest.json").read_text())

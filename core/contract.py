@@ -24,10 +24,10 @@ file                      format (``Schema``)                  written by → re
                           (:data:`LATEST`)
 ``manifest.json``         ``horovod-airflow/dataset-v1``       staging → trainer, gate re-scoring
 (a staged dataset)        (:data:`DATASET_FORMAT`,
-                          checked by ``horovod_airflow.trainer.layout``)
+                          checked by ``horovod_airflow.core.layout``)
 ``manifest.json``         ``horovod-airflow/fileset-v1``       staging → a model's own training
 (a staged file set)       (:data:`FILESET_FORMAT`,             program and scorer
-                          checked by ``horovod_airflow.trainer.fileset``)
+                          checked by ``horovod_airflow.core.fileset``)
 ========================  ===================================  =================================
 
 Legacy: a published version's ``manifest.json`` and the registry's ``latest.json`` written
@@ -66,8 +66,8 @@ SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
 MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
 
 # --- formats that are not JSON documents checked here -----------------------------------------
-DATASET_FORMAT = "horovod-airflow/dataset-v1"  # a staged dataset's manifest (trainer/layout.py)
-FILESET_FORMAT = "horovod-airflow/fileset-v1"  # a staged file set's manifest (trainer/fileset.py)
+DATASET_FORMAT = "horovod-airflow/dataset-v1"  # a staged dataset's manifest (core/layout.py)
+FILESET_FORMAT = "horovod-airflow/fileset-v1"  # a staged file set's manifest (core/fileset.py)
 CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer/train.py, torch)
 LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
 
@@ -164,7 +164,7 @@ class Schema:
             raise ContractError(
                 f"{source}: {self.name} has no 'format'; supported: {', '.join(self.supported)}. "
                 f"It was written by a program that does not follow the contract, or before "
-                f"formats were versioned: write it with horovod_airflow.trainer.contract "
+                f"formats were versioned: write it with horovod_airflow.core.contract "
                 f"({self.format!r})"
             )
         if found not in self.supported:

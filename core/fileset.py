@@ -11,10 +11,10 @@ names or glob patterns, plus a ``manifest.json``::
     }
 
 at ``<bucket>/datasets/<name>/<content_hash[:16]>/``
-(:func:`horovod_airflow.trainer.layout.staged_prefix`),
+(:func:`horovod_airflow.core.layout.staged_prefix`),
 so an unchanged file set is never uploaded twice. The format string is
-:data:`horovod_airflow.trainer.contract.FILESET_FORMAT`. The content hash is computed as for an
-MNIST-format dataset (:func:`horovod_airflow.trainer.layout.content_hash`). What the files hold is
+:data:`horovod_airflow.core.contract.FILESET_FORMAT`. The content hash is computed as for an
+MNIST-format dataset (:func:`horovod_airflow.core.layout.content_hash`). What the files hold is
 the
 training program's business: it reads the manifest, fetches the files it needs with
 :func:`fetch_files` (each checked against its size and sha256) and parses them itself.
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from horovod_airflow.trainer import storage
-from horovod_airflow.trainer.contract import FILESET_FORMAT
-from horovod_airflow.trainer.layout import MANIFEST_NAME, DatasetError, content_hash, verify_file
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import FILESET_FORMAT
+from horovod_airflow.core.layout import MANIFEST_NAME, DatasetError, content_hash, verify_file
 
 
 def check_patterns(patterns: Any) -> list[str]:
@@ -141,7 +141,7 @@ def fetch_files(
     """Download every file of the file set at ``uri`` into ``dest``, each verified.
 
     Returns the manifest and ``{file name: local path}``. A local ``uri`` is verified in
-    place, not copied. Raises :class:`horovod_airflow.trainer.layout.DatasetIntegrityError` when a
+    place, not copied. Raises :class:`horovod_airflow.core.layout.DatasetIntegrityError` when a
     file's
     size or sha256 differs from its manifest entry.
     """

@@ -19,7 +19,7 @@ A staged dataset is a folder (S3 prefix or local path) of MNIST-format IDX files
 The content hash names the staged prefix (``datasets/<name>/<content_hash[:16]>/``), so an
 unchanged dataset is never uploaded twice and a trained model can say exactly which data it
 saw. Importable without torch and without Airflow. The file names and formats of both sides
-live in :mod:`horovod_airflow.trainer.contract`.
+live in :mod:`horovod_airflow.core.contract`.
 """
 
 from __future__ import annotations
@@ -32,25 +32,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from horovod_airflow.trainer.contract import (  # noqa: F401  (re-exported)
-    CHECKPOINT_NAME,
-    CURVES_NAME,
-    DATASET_FORMAT,
-    GATE_NAME,
-    LATEST_NAME,
-    MANIFEST_NAME,
-    METRICS_NAME,
-    ONNX_NAME,
-    PARITY_NAME,
-    SUMMARY_NAME,
-    VERSION_MANIFEST_NAME,
-)
-from horovod_airflow.trainer.storage import sha256_file
+from horovod_airflow.core.contract import DATASET_FORMAT, MANIFEST_NAME
+from horovod_airflow.core.storage import sha256_file
 
-# The file names and formats live in horovod_airflow.trainer.contract; these names are re-exported
-# for the
-# callers of horovod_airflow.trainer.layout (new code imports them from
-# horovod_airflow.trainer.contract).
 FORMAT = DATASET_FORMAT
 SPLITS = ("train", "test")
 # The four files of an MNIST-format dataset, by (split, kind); the names torchvision uses.
