@@ -36,49 +36,44 @@ connection `HVA_SMTP_CONN_ID`; a refusing gate fails (and so alerts) once
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
 ranks, trainer image, GPUs per rank, Docker network); train and export share its
-`TRAINER_JOB` settings (connection, image, GPUs, launcher options).
+`TRAINER_JOB` settings (connection, image, GPUs, launcher options). The five tasks are the
+pipeline's (`horovod_airflow.operators.pipeline.retraining_pipeline`), the same for every
+model; this file declares MNIST's part (`ModelApp`) and the trigger form.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from airflow.sdk import Asset, Param, dag
+from airflow.sdk import Param, dag
 
-from horovod_airflow.operators import (
-    HorovodExportOperator,
-    HorovodTrainOperator,
-    ModelGateOperator,
-    PublishModelOperator,
-    StageDatasetOperator,
-    safe_key,
-    trainer_param_schema,
+from horovod_airflow.operators import trainer_param_schema
+from horovod_airflow.operators.pipeline import (
+    ModelApp,
+    retraining_dag_args,
+    retraining_params,
+    retraining_pipeline,
 )
 from horovod_airflow.operators.settings import (
-    AWS_CONN_ID,
-    BUCKET_URI,
     DATASET_SOURCE_PATTERN,
     DATASET_SOURCES,
-    DEFAULT_LAUNCHER,
-    DEFAULT_NUM_PROC,
-    FAILURE_ALERTS,
-    LATEST_MODEL_ASSET_NAME,
-    LATEST_MODEL_URI,
-    MAX_REGRESSION_CEILING,
-    MIN_ACCURACY_FLOOR,
     MODEL_NAME,
-    REFUSED_ALERTS,
-    RUN_TIMEOUT,
-    STALE_AFTER_DAYS,
-    STALE_AFTER_RUNS,
-    TASK_TIMEOUT,
-    TRAINER_JOB,
-    gate_param,
 )
 
-LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
-
-RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
+#: MNIST as an app of the pipeline: the built-in trainer and exporter (no entrypoints), the
+#: dataset the form names, the gate's default (MNIST) champion scorer.
+MNIST = ModelApp(
+    model_name=MODEL_NAME,
+    dataset_name="mnist",
+    dataset_source="{{ params.dataset_source }}",
+    allowed_sources=DATASET_SOURCES,
+    trainer_args={
+        "epochs": "{{ params.epochs }}",
+        "batch_size": "{{ params.batch_size }}",
+        "lr": "{{ params.lr }}",
+        "max_train_samples": "{{ params.max_train_samples }}",
+    },
+)
 
 
 @dag(
@@ -86,100 +81,25 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
     doc_md=__doc__,
     schedule="@weekly",
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    render_template_as_native_obj=True,
-    user_defined_filters={"safe_key": safe_key},
-    dagrun_timeout=RUN_TIMEOUT,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
-                  "execution_timeout": TASK_TIMEOUT,
-                  "on_failure_callback": FAILURE_ALERTS},
     tags=["horovod", "training", "mnist"],
-    params={
-        "num_proc": Param(DEFAULT_NUM_PROC, type="integer", minimum=1, maximum=512,
-                          title="Ranks", description="Horovod ranks (processes); one per GPU."),
+    params=retraining_params(
+        min_accuracy=0.98,
+        max_regression=0.005,
         # The trainer's options, with the bounds, title and help the trainer declares for them.
-        "epochs": Param(None, **trainer_param_schema("epochs", nullable=True)),
-        "batch_size": Param(None, **trainer_param_schema("batch_size", nullable=True)),
-        "lr": Param(None, **trainer_param_schema("lr", nullable=True)),
-        "max_train_samples": Param(None, **trainer_param_schema("max_train_samples",
-                                                                nullable=True)),
-        "min_accuracy": Param(**gate_param("min_accuracy", 0.98)),
-        "max_regression": Param(**gate_param("max_regression", 0.005)),
-        "launcher": Param(DEFAULT_LAUNCHER, type="string",
-                          enum=["local", "docker", "kubernetes"], title="Launcher",
-                          description="Where ranks run: local horovodrun, one GPU container, "
-                                      "or a Kubeflow MPIJob."),
-        "dataset_source": Param("vendored", type="string", minLength=1, title="Dataset",
-                                pattern=DATASET_SOURCE_PATTERN,
-                                description="'vendored' (the bundled real MNIST), an s3:// "
-                                            "prefix, or an absolute local folder of "
-                                            "MNIST-format IDX files."),
-    },
+        epochs=Param(None, **trainer_param_schema("epochs", nullable=True)),
+        batch_size=Param(None, **trainer_param_schema("batch_size", nullable=True)),
+        lr=Param(None, **trainer_param_schema("lr", nullable=True)),
+        max_train_samples=Param(None, **trainer_param_schema("max_train_samples", nullable=True)),
+        dataset_source=Param("vendored", type="string", minLength=1, title="Dataset",
+                             pattern=DATASET_SOURCE_PATTERN,
+                             description="'vendored' (the bundled real MNIST), an s3:// "
+                                         "prefix, or an absolute local folder of "
+                                         "MNIST-format IDX files."),
+    ),
+    **retraining_dag_args(),
 )  # fmt: skip
 def mnist_horovod_retrain() -> None:
-    stage = StageDatasetOperator(
-        task_id="stage_dataset",
-        source="{{ params.dataset_source }}",
-        bucket_uri=BUCKET_URI,
-        dataset_name="mnist",
-        allowed_sources=DATASET_SOURCES,
-        aws_conn_id=AWS_CONN_ID,
-    )
-
-    train = HorovodTrainOperator(
-        task_id="train",
-        launcher="{{ params.launcher }}",
-        num_proc="{{ params.num_proc }}",
-        data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
-        output=RUN_PREFIX,
-        trainer_args={
-            "epochs": "{{ params.epochs }}",
-            "batch_size": "{{ params.batch_size }}",
-            "lr": "{{ params.lr }}",
-            "max_train_samples": "{{ params.max_train_samples }}",
-        },
-        **TRAINER_JOB,
-    )
-
-    gate = ModelGateOperator(
-        task_id="gate",
-        bucket_uri=BUCKET_URI,
-        model_name=MODEL_NAME,
-        metrics=train.output,
-        dataset=stage.output,
-        min_accuracy="{{ params.min_accuracy }}",
-        max_regression="{{ params.max_regression }}",
-        min_accuracy_floor=MIN_ACCURACY_FLOOR,
-        max_regression_ceiling=MAX_REGRESSION_CEILING,
-        aws_conn_id=AWS_CONN_ID,
-        on_refused=REFUSED_ALERTS,
-        stale_after_runs=STALE_AFTER_RUNS,
-        stale_after_days=STALE_AFTER_DAYS,
-    )
-
-    export_onnx = HorovodExportOperator(
-        task_id="export_onnx",
-        launcher="{{ params.launcher }}",
-        checkpoint="{{ ti.xcom_pull(task_ids='train')['checkpoint_uri'] }}",
-        output=RUN_PREFIX + "/onnx",
-        data="{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}",
-        **TRAINER_JOB,
-    )
-
-    publish = PublishModelOperator(
-        task_id="publish",
-        bucket_uri=BUCKET_URI,
-        model_name=MODEL_NAME,
-        metrics=train.output,
-        exported=export_onnx.output,
-        dataset=stage.output,
-        decision=gate.output,
-        aws_conn_id=AWS_CONN_ID,
-        outlets=[LATEST_MODEL],
-    )
-
-    stage >> train >> gate >> export_onnx >> publish
+    retraining_pipeline(MNIST)
 
 
 retrain_dag = mnist_horovod_retrain()

@@ -54,7 +54,7 @@ from typing import Any
 from horovod_airflow.operators.alerts import alert_notifiers
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
-from horovod_airflow.core.contract import LATEST_NAME
+from horovod_airflow.operators.model_registry import latest_asset_name, latest_uri
 
 
 def minutes(name: str, default: int) -> timedelta:
@@ -157,8 +157,8 @@ if RETENTION_IN_FLIGHT < RUN_TIMEOUT:
     )
 RETENTION_DRY_RUN = flag("HVA_RETENTION_DRY_RUN", True)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
-LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
-LATEST_MODEL_ASSET_NAME = "mnist_cnn_latest"
+LATEST_MODEL_URI = latest_uri(BUCKET_URI, MODEL_NAME)
+LATEST_MODEL_ASSET_NAME = latest_asset_name(MODEL_NAME)
 #: What the pipeline's Horovod jobs (train and export) share, for whichever launcher the
 #: trigger form picks: ``HorovodTrainOperator(..., **TRAINER_JOB)``. The docker options are
 #: used when the launcher renders to ``"docker"``, unused otherwise (see the launcher options

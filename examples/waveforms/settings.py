@@ -1,4 +1,5 @@
-"""The example's names and programs, read by its DAGs (torch-free, imported at DAG parse time).
+"""The example's names and programs, read by its DAGs (torch-free, imported at DAG parse time):
+``WAVEFORMS``, the model as an app of the retraining pipeline.
 
 The bucket is the project's (``HVA_BUCKET``, :mod:`horovod_airflow.operators.settings`): the
 example publishes
@@ -9,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from horovod_airflow.operators.settings import BUCKET_URI
-from horovod_airflow.core.contract import LATEST_NAME
+from horovod_airflow.operators.pipeline import ModelApp
 
 #: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
 DATASET_DIR = Path(__file__).resolve().parent / "dataset"
@@ -20,10 +20,23 @@ DATASET_NAME = "waveforms"
 #: The files of DATASET_DIR that are staged (StageDatasetOperator ``files=``).
 DATASET_FILES = ["*.npy"]
 MODEL_NAME = "waveform_cnn"
-LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
-LATEST_MODEL_ASSET_NAME = "waveform_cnn_latest"
 #: The example's programs, run by HorovodTrainOperator / HorovodExportOperator (``entrypoint=``).
 TRAIN_ENTRYPOINT = ("python", "-m", "examples.waveforms.train")
 EXPORT_ENTRYPOINT = ("python", "-m", "examples.waveforms.export")
 #: Re-scores a champion on another dataset for the gate (ModelGateOperator ``champion_scorer=``).
 CHAMPION_SCORER = "examples.waveforms.serving:score_published_model"
+
+#: The model as an app of the retraining pipeline (horovod_airflow.operators.pipeline).
+WAVEFORMS = ModelApp(
+    model_name=MODEL_NAME,
+    dataset_name=DATASET_NAME,
+    dataset_source=DATASET_SOURCE,
+    dataset_files=DATASET_FILES,
+    train_entrypoint=TRAIN_ENTRYPOINT,
+    export_entrypoint=EXPORT_ENTRYPOINT,
+    trainer_args={"epochs": "{{ params.epochs }}"},
+    champion_scorer=CHAMPION_SCORER,
+)
+#: The serving pointer publish writes last, and its Asset (waveforms_serve_latest_model's schedule).
+LATEST_MODEL_URI = WAVEFORMS.latest_uri
+LATEST_MODEL_ASSET_NAME = WAVEFORMS.latest_asset.name

@@ -1,5 +1,5 @@
-"""dags/mnist_horovod_retrain.py and dags/bucket_retention.py are wiring: operators and their
-settings, no logic of their own.
+"""The DAG files are wiring: operators (or the pipeline that builds them) and their settings,
+no logic of their own. Both retraining DAGs are built by the one pipeline, so they cannot drift.
 
 Read from the file's syntax tree, not by running it: a storage call or a decision hidden in a
 task body never runs at parse time, so only the source can show it is absent.
@@ -8,6 +8,8 @@ task body never runs at parse time, so only the source can show it is absent.
 from __future__ import annotations
 
 import ast
+import importlib.util
+import itertools
 import textwrap
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 RETRAIN_DAG = REPO / "dags" / "mnist_horovod_retrain.py"
 RETENTION_DAG = REPO / "dags" / "bucket_retention.py"
+WAVEFORMS_DAG = REPO / "examples" / "waveforms" / "dags" / "waveforms_retrain.py"
+PIPELINE = "horovod_airflow.operators.pipeline"
 
 #: Modules whose import means the DAG file does storage, registry or staging work itself.
 FORBIDDEN_MODULES = (
@@ -28,6 +32,7 @@ FORBIDDEN_MODULES = (
 #: from the trainer and the settings, not decisions).
 MODULE_CALLS = {
     "Asset", "Param", "datetime", "timedelta", "dag", "trainer_param_schema", "gate_param",
+    "ModelApp", "retraining_params", "retraining_dag_args",
 }  # fmt: skip
 #: What a DAG file may take from the Task SDK (no @task bodies, no context reads).
 SDK_NAMES = {"Asset", "Param", "dag", "DAG"}
@@ -79,6 +84,9 @@ def business_logic(source: str) -> list[str]:
                     found.append(f"line {node.lineno}: imports {module}")
             if isinstance(node, ast.ImportFrom) and node.module == "horovod_airflow.operators":
                 operators |= {a.asname or a.name for a in node.names if a.name.endswith("Operator")}
+            if isinstance(node, ast.ImportFrom) and node.module == PIPELINE:
+                # The pipeline builds operators the same way for every model.
+                operators |= {a.asname or a.name for a in node.names if a.name.endswith("pipeline")}
             if isinstance(node, ast.ImportFrom) and node.module == "airflow.sdk":
                 for alias in node.names:
                     if alias.name not in SDK_NAMES:
@@ -135,8 +143,9 @@ def business_logic(source: str) -> list[str]:
     return found
 
 
-def test_the_retrain_dag_is_wiring_only():
-    assert business_logic(RETRAIN_DAG.read_text()) == []
+@pytest.mark.parametrize("path", [RETRAIN_DAG, WAVEFORMS_DAG], ids=["mnist", "waveforms"])
+def test_the_retrain_dags_are_wiring_only(path):
+    assert business_logic(path.read_text()) == []
 
 
 def test_the_retention_dag_is_wiring_only():
@@ -146,14 +155,61 @@ def test_the_retention_dag_is_wiring_only():
     assert "BucketRetentionOperator" in created  # not vacuous: the operator is its one task
 
 
-def test_the_retrain_dag_uses_the_pipeline_operators():
-    """Not vacuous: the wiring the check accepts is the whole pipeline."""
-    tree = ast.parse(RETRAIN_DAG.read_text())
-    created = {
-        _dotted(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)
-    } & {"StageDatasetOperator", "HorovodTrainOperator", "ModelGateOperator",
-         "HorovodExportOperator", "PublishModelOperator"}  # fmt: skip
-    assert len(created) == 5, created
+def _load_dag(path: Path):
+    spec = importlib.util.spec_from_file_location(f"dag_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.retrain_dag
+
+
+PIPELINE_TASKS = {
+    "stage_dataset": "StageDatasetOperator", "train": "HorovodTrainOperator",
+    "gate": "ModelGateOperator", "export_onnx": "HorovodExportOperator",
+    "publish": "PublishModelOperator",
+}  # fmt: skip
+#: What the deployment sets for every model's jobs and gate: none of it may differ per app.
+SHARED = {
+    "train": ("image", "gpus_per_proc", "aws_conn_id", "rank_aws_conn_id", "execution_timeout",
+              "launcher_options", "launcher", "num_proc", "output_uri"),
+    "export_onnx": ("image", "gpus_per_proc", "aws_conn_id", "rank_aws_conn_id",
+                    "execution_timeout", "launcher_options", "launcher", "output_uri"),
+    "gate": ("min_accuracy_floor", "max_regression_ceiling", "on_refused", "stale_after_runs",
+             "stale_after_days", "aws_conn_id", "bucket_uri"),
+    "publish": ("aws_conn_id", "bucket_uri"),
+    "stage_dataset": ("aws_conn_id", "bucket_uri"),
+}  # fmt: skip
+
+
+def test_both_retrain_dags_are_the_one_pipeline():
+    """MNIST and the waveforms app get the same five tasks, chained the same way, with the same
+    deployment settings — the docker launcher's network, image and GPUs included (the copy
+    that once ran waveforms' docker jobs without them is gone) — and differ only in what the
+    app declares: its model, dataset and programs."""
+    mnist, waveforms = _load_dag(RETRAIN_DAG), _load_dag(WAVEFORMS_DAG)
+    order = list(PIPELINE_TASKS)
+    for dag in (mnist, waveforms):
+        assert {t: type(op).__name__ for t, op in dag.task_dict.items()} == PIPELINE_TASKS
+        for before, after in itertools.pairwise(order):
+            assert after in dag.task_dict[before].downstream_task_ids, (dag.dag_id, before)
+    edges = [
+        {t: op.downstream_task_ids for t, op in d.task_dict.items()} for d in (mnist, waveforms)
+    ]
+    assert edges[0] == edges[1]  # the XCom inputs (train.output, ...) too
+    for task_id, fields in SHARED.items():
+        for name in fields:
+            ours, theirs = (getattr(d.task_dict[task_id], name) for d in (mnist, waveforms))
+            assert ours == theirs, f"{task_id}.{name}: {ours!r} (mnist) != {theirs!r}"
+    for task_id in PIPELINE_TASKS:
+        callbacks = [d.task_dict[task_id].on_failure_callback for d in (mnist, waveforms)]
+        assert callbacks[0] == callbacks[1], task_id
+    assert mnist.dagrun_timeout == waveforms.dagrun_timeout
+    # What the apps declare does differ.
+    assert mnist.task_dict["gate"].model_name != waveforms.task_dict["gate"].model_name
+    assert mnist.task_dict["train"].entrypoint != waveforms.task_dict["train"].entrypoint
+    outlets = [d.task_dict["publish"].outlets[0].uri for d in (mnist, waveforms)]
+    assert outlets[0].endswith("/models/mnist_cnn/latest.json")
+    assert outlets[1].endswith("/models/waveform_cnn/latest.json")
 
 
 # The shapes of logic the check must catch, each as a DAG file once held it.

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from horovod_airflow.operators.pipeline import run_prefix
+
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "horovod", "onnx", "onnxruntime", "matplotlib", "torchvision")
 
@@ -71,7 +73,8 @@ def _deploy(bucket: str, module: str = "dags.mnist_horovod_retrain"):
     from airflow.utils.session import create_session
 
     mod = _load_dag(bucket, module)
-    asset = mod.LATEST_MODEL
+    # A serving DAG is scheduled on the Asset; a retraining DAG's publish emits it.
+    asset = getattr(mod, "LATEST_MODEL", None) or mod.retrain_dag.task_dict["publish"].outlets[0]
     with create_session() as session:
         session.query(AssetActive).filter(
             AssetActive.name == asset.name, AssetActive.uri != asset.uri
@@ -342,7 +345,7 @@ def test_colliding_run_ids_get_distinct_run_prefixes():
     env = mod.retrain_dag.get_template_env()
     ids = ["manual__2026-12-02T10:00:00+00:00", "manual__2026-12-02T10_00_00_00_00",
            "a:b", "a+b", "a b", "r" * 300 + "1", "r" * 300 + "2"]  # fmt: skip
-    prefixes = [env.from_string(mod.RUN_PREFIX).render(dag=mod.retrain_dag, run_id=r) for r in ids]
+    prefixes = [env.from_string(run_prefix()).render(dag=mod.retrain_dag, run_id=r) for r in ids]
     assert len(set(prefixes)) == len(ids), prefixes
     assert all(p.startswith("s3://prefix-check/runs/mnist_horovod_retrain/") for p in prefixes)
     assert prefixes[0].endswith("/manual__2026-12-02T10_00_00_00_00-" + prefixes[0][-12:])

@@ -56,7 +56,8 @@ def _deploy(bucket: str, module: str):
 
     importlib.reload(examples.waveforms.settings)
     mod = importlib.reload(importlib.import_module(module))
-    asset = mod.LATEST_MODEL
+    # A serving DAG is scheduled on the Asset; a retraining DAG's publish emits it.
+    asset = getattr(mod, "LATEST_MODEL", None) or mod.retrain_dag.task_dict["publish"].outlets[0]
     with create_session() as session:
         session.query(AssetActive).filter(
             AssetActive.name == asset.name, AssetActive.uri != asset.uri

@@ -1,0 +1,246 @@
+"""The retraining pipeline, written once for every model: stage → train → gate → export → publish.
+
+A model is an app: it declares what is its own in a :class:`ModelApp` — its registry name,
+its dataset and where that comes from, its training and export programs, how a champion is
+re-scored — and everything else (the run prefix, the deployment's timeouts, floors, alerts and
+launcher settings, the order of the tasks and what each passes the next) is the pipeline's, so
+two models cannot drift apart. A DAG file is then the app and the DAG's own schedule and form::
+
+    from horovod_airflow.operators.pipeline import (
+        ModelApp, retraining_dag_args, retraining_params, retraining_pipeline)
+
+    APP = ModelApp(model_name="my_model", dataset_name="my_data", dataset_source="/data/my",
+                   dataset_files=["*.npy"], train_entrypoint=["python", "-m", "my.train"],
+                   export_entrypoint=["python", "-m", "my.export"],
+                   champion_scorer="my.serving:score_published_model")
+
+    @dag(dag_id="my_model_retrain", schedule="@weekly", start_date=...,
+         params=retraining_params(), **retraining_dag_args())
+    def my_model_retrain():
+        retraining_pipeline(APP)
+
+    my_model_retrain()
+
+Runs at DAG parse time: it only builds operators (no storage, no network).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, NamedTuple
+
+from airflow.sdk import Asset, Param
+
+from horovod_airflow.core.layout import RUNS_DIR
+from horovod_airflow.operators import settings
+from horovod_airflow.operators.export import HorovodExportOperator
+from horovod_airflow.operators.gate import ModelGateOperator
+from horovod_airflow.operators.model_registry import (
+    DEFAULT_CHAMPION_SCORER,
+    latest_asset_name,
+    latest_uri,
+    safe_key,
+)
+from horovod_airflow.operators.publish import PublishModelOperator
+from horovod_airflow.operators.stage import StageDatasetOperator
+from horovod_airflow.operators.train import HorovodTrainOperator
+
+
+def run_prefix() -> str:
+    """Where a run writes (templated): one prefix per DAG run under the deployment's bucket,
+    the run id made one key segment plus its hash (``safe_key``)."""
+    return f"{settings.BUCKET_URI}/{RUNS_DIR}/" + "{{ dag.dag_id }}/{{ run_id | safe_key }}"
+
+
+#: The launchers the trigger form offers.
+LAUNCHERS = ("local", "docker", "kubernetes")
+_STAGED = "{{ ti.xcom_pull(task_ids='stage_dataset')['uri'] }}"
+
+
+@dataclass(frozen=True)
+class ModelApp:
+    """What one model brings to the retraining pipeline; the rest is the pipeline's.
+
+    :param model_name: its registry name: ``models/<model_name>/`` in the bucket.
+    :param dataset_name: its staged datasets' name: ``datasets/<dataset_name>/<hash16>/``.
+    :param dataset_source: what ``stage_dataset`` stages (templated: e.g.
+        ``"{{ params.dataset_source }}"``).
+    :param dataset_files: the file patterns of a file set (``StageDatasetOperator(files=)``);
+        None: the four MNIST-format IDX files.
+    :param allowed_sources: the sources a run may stage (the deployment's allowlist; empty:
+        any).
+    :param train_entrypoint: its training program; None: ``python -m horovod_airflow.trainer
+        train``.
+    :param export_entrypoint: its export program; None: ``python -m horovod_airflow.trainer
+        export``.
+    :param trainer_args: extra options of the training program (values templated).
+    :param champion_scorer: ``module:function`` that re-scores a champion measured on other
+        data (``ModelGateOperator(champion_scorer=)``); None: the gate refuses instead.
+    """
+
+    model_name: str
+    dataset_name: str
+    dataset_source: str
+    dataset_files: Sequence[str] | None = None
+    allowed_sources: Sequence[str] = ()
+    train_entrypoint: Sequence[str] | None = None
+    export_entrypoint: Sequence[str] | None = None
+    trainer_args: Mapping[str, Any] = field(default_factory=dict)
+    champion_scorer: str | None = DEFAULT_CHAMPION_SCORER
+
+    def __post_init__(self) -> None:
+        for name in ("model_name", "dataset_name", "dataset_source"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"ModelApp.{name} must be a non-empty string, got {value!r}")
+        if self.dataset_files is not None and (
+            isinstance(self.dataset_files, str) or not self.dataset_files
+        ):
+            raise ValueError(
+                "ModelApp.dataset_files must be a non-empty list of file patterns, or None "
+                f"for MNIST-format IDX files; got {self.dataset_files!r}"
+            )
+
+    @property
+    def latest_uri(self) -> str:
+        """The serving pointer that ``publish`` writes last."""
+        return latest_uri(settings.BUCKET_URI, self.model_name)
+
+    @property
+    def latest_asset(self) -> Asset:
+        """The Asset ``publish`` emits an event of and serving-side DAGs are scheduled on."""
+        return Asset(name=latest_asset_name(self.model_name), uri=self.latest_uri)
+
+
+class RetrainingTasks(NamedTuple):
+    """The pipeline's tasks, in order (each task's ``.output`` is its XCom)."""
+
+    stage: StageDatasetOperator
+    train: HorovodTrainOperator
+    gate: ModelGateOperator
+    export_onnx: HorovodExportOperator
+    publish: PublishModelOperator
+
+
+def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
+    """Create the five tasks of ``app``'s retraining in the DAG being defined, chained.
+
+    Train and export run through the launcher the trigger form picks (``params.launcher``)
+    with the ranks it asks for (``params.num_proc``) and the deployment's job settings
+    (``settings.TRAINER_JOB``: connections, image, GPUs, docker network, timeout), the gate
+    with the form's thresholds inside the deployment's floors; see ``retraining_params``.
+    """
+    stage = StageDatasetOperator(
+        task_id="stage_dataset",
+        source=app.dataset_source,
+        files=list(app.dataset_files) if app.dataset_files is not None else None,
+        bucket_uri=settings.BUCKET_URI,
+        dataset_name=app.dataset_name,
+        allowed_sources=tuple(app.allowed_sources),
+        aws_conn_id=settings.AWS_CONN_ID,
+    )
+    train = HorovodTrainOperator(
+        task_id="train",
+        launcher="{{ params.launcher }}",
+        num_proc="{{ params.num_proc }}",
+        data=_STAGED,
+        output=run_prefix(),
+        trainer_args=dict(app.trainer_args),
+        **_entrypoint(app.train_entrypoint),
+        **settings.TRAINER_JOB,
+    )
+    gate = ModelGateOperator(
+        task_id="gate",
+        bucket_uri=settings.BUCKET_URI,
+        model_name=app.model_name,
+        metrics=train.output,
+        dataset=stage.output,
+        min_accuracy="{{ params.min_accuracy }}",
+        max_regression="{{ params.max_regression }}",
+        champion_scorer=app.champion_scorer,
+        min_accuracy_floor=settings.MIN_ACCURACY_FLOOR,
+        max_regression_ceiling=settings.MAX_REGRESSION_CEILING,
+        aws_conn_id=settings.AWS_CONN_ID,
+        on_refused=settings.REFUSED_ALERTS,
+        stale_after_runs=settings.STALE_AFTER_RUNS,
+        stale_after_days=settings.STALE_AFTER_DAYS,
+    )
+    export_onnx = HorovodExportOperator(
+        task_id="export_onnx",
+        launcher="{{ params.launcher }}",
+        checkpoint="{{ ti.xcom_pull(task_ids='train')['checkpoint_uri'] }}",
+        output=run_prefix() + "/onnx",
+        data=_STAGED,
+        **_entrypoint(app.export_entrypoint),
+        **settings.TRAINER_JOB,
+    )
+    publish = PublishModelOperator(
+        task_id="publish",
+        bucket_uri=settings.BUCKET_URI,
+        model_name=app.model_name,
+        metrics=train.output,
+        exported=export_onnx.output,
+        dataset=stage.output,
+        decision=gate.output,
+        aws_conn_id=settings.AWS_CONN_ID,
+        outlets=[app.latest_asset],
+    )
+    stage >> train >> gate >> export_onnx >> publish
+    return RetrainingTasks(stage, train, gate, export_onnx, publish)
+
+
+def _entrypoint(entrypoint: Sequence[str] | None) -> dict[str, Any]:
+    return {} if entrypoint is None else {"entrypoint": list(entrypoint)}
+
+
+def retraining_params(
+    *,
+    num_proc: int | None = None,
+    max_num_proc: int = 512,
+    min_accuracy: float = 0.98,
+    max_regression: float = 0.005,
+    **app_params: Param,
+) -> dict[str, Param]:
+    """The trigger form every retraining DAG has — ranks, launcher and the gate's thresholds
+    (bounded by the deployment's floors) — then the app's own Params (``app_params``, e.g. its
+    training options) after them. ``num_proc``'s default is the deployment's
+    (``HVA_NUM_PROC``)."""
+    common = {
+        "num_proc": Param(settings.DEFAULT_NUM_PROC if num_proc is None else num_proc,
+                          type="integer", minimum=1, maximum=max_num_proc,
+                          title="Ranks", description="Horovod ranks (processes); one per GPU."),
+        "min_accuracy": Param(**settings.gate_param("min_accuracy", min_accuracy)),
+        "max_regression": Param(**settings.gate_param("max_regression", max_regression)),
+        "launcher": Param(settings.DEFAULT_LAUNCHER, type="string", enum=list(LAUNCHERS),
+                          title="Launcher",
+                          description="Where ranks run: local horovodrun, one GPU container, "
+                                      "or a Kubeflow MPIJob."),
+    }  # fmt: skip
+    clash = common.keys() & app_params.keys()
+    if clash:
+        raise ValueError(
+            f"retraining_params: {', '.join(sorted(clash))} is the pipeline's own Param; set "
+            "it with the keyword of the same name"
+        )
+    return {**common, **app_params}
+
+
+def retraining_dag_args() -> dict[str, Any]:
+    """The ``@dag`` arguments every retraining DAG shares: one run at a time, no catch-up,
+    native rendering of templated settings, the run prefix's ``safe_key`` filter, the
+    deployment's run and task timeouts, one retry, and the failure alerts on every task."""
+    return {
+        "catchup": False,
+        "max_active_runs": 1,
+        "render_template_as_native_obj": True,
+        "user_defined_filters": {"safe_key": safe_key},
+        "dagrun_timeout": settings.RUN_TIMEOUT,
+        "default_args": {
+            "retries": 1,
+            "retry_delay": timedelta(seconds=30),
+            "execution_timeout": settings.TASK_TIMEOUT,
+            "on_failure_callback": settings.FAILURE_ALERTS,
+        },
+    }
