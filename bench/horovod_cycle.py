@@ -37,6 +37,7 @@ from bench.report import (
     run_horovod,
     write_results,
 )
+from horovod_airflow.core.contract import EVENT_EPOCH
 from horovod_airflow.trainer.train import CPU_CYCLE_TIME_MS
 
 # Horovod 0.28's own default cycle (horovod/common/operations.cc: the parameter manager starts
@@ -60,7 +61,7 @@ def one_run(workdir: Path, np: int, cycle_ms: float, samples: int, tag: str) -> 
     args += ["--log-interval", "0"]
     env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache"), "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}"})
     run = run_horovod(np, args, log=workdir / f"{tag}.log", timeout=1800, env=env)
-    events = json_events(run, "epoch")
+    events = json_events(run, EVENT_EPOCH)
     if len(events) != 1:
         raise RuntimeError(f"expected one epoch event in {run.log}, found {len(events)}")
     return float(events[0][1]["samples_per_sec"])

@@ -42,7 +42,7 @@ from bench.report import (
     run_horovod,
     write_results,
 )
-from horovod_airflow.core.contract import METRICS, METRICS_NAME
+from horovod_airflow.core.contract import EVENT_EPOCH, METRICS, METRICS_NAME
 
 TARGET_SPEEDUP = 10.0
 
@@ -62,7 +62,7 @@ def run_ours(
     env = rank_env({"HVA_CACHE_DIR": str(workdir / "cache")})
     run = run_horovod(np, args, log=workdir / "ours.log", timeout=timeout, env=env)
     metrics = METRICS.loads((output / METRICS_NAME).read_text(), str(output / METRICS_NAME))
-    ended = {int(e["epoch"]): (t, e) for t, e in json_events(run, "epoch")}
+    ended = {int(e["epoch"]): (t, e) for t, e in json_events(run, EVENT_EPOCH)}
     epochs = []
     for h in metrics["history"]:
         if h["epoch"] not in ended:

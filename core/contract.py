@@ -87,6 +87,44 @@ EXIT_REFUSED = 3
 NO_RETRY_EXIT_CODES = frozenset({EXIT_USAGE, EXIT_REFUSED})
 
 
+# --- stdout events of a training or export program ---------------------------------------
+# One JSON object a line, ``{"event": NAME, ...}``, printed by rank 0 (the export's one
+# process) as it goes: what a log reader, a benchmark or a progress report follows. The files
+# above are the results; these lines only report on the way to them.
+#: After each epoch: that epoch's ``history`` entry plus ``of_epochs`` (and, for our trainer,
+#: ``val_correct`` and ``val_samples``).
+EVENT_EPOCH = "epoch"
+#: Once, last: the final metrics, as ``metrics.json`` holds them.
+EVENT_FINAL_METRICS = "final_metrics"
+#: Once, after an export: the parity report, as ``parity.json`` holds it.
+EVENT_EXPORTED = "exported"
+#: ``--debug-param-hash``: each rank's hash of its parameters at a step.
+EVENT_PARAM_HASH = "param_hash"
+EVENTS = (EVENT_EPOCH, EVENT_FINAL_METRICS, EVENT_EXPORTED, EVENT_PARAM_HASH)
+
+
+def event_line(event: str, fields: Mapping[str, Any]) -> str:
+    """The stdout line of ``event`` with ``fields`` (JSON, one line)."""
+    if event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}; the contract's events: {', '.join(EVENTS)}")
+    return json.dumps({"event": event, **fields})
+
+
+def parse_event(line: str, event: str | None = None) -> dict[str, Any] | None:
+    """The event a log line carries (``event``: only that one), else None. A prefix before the
+    JSON (horovodrun's ``[0]<stdout>:``, a timestamp) is skipped; other lines are not events."""
+    brace = line.find("{")
+    if brace < 0:
+        return None
+    try:
+        obj = json.loads(line[brace:])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("event") not in EVENTS:
+        return None
+    return obj if event is None or obj["event"] == event else None
+
+
 class ContractError(ValueError):
     """A file exchanged between the trainer and the Airflow side breaks its contract."""
 

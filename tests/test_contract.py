@@ -124,3 +124,15 @@ def test_apply_preprocessing_normalizes_each_channel():
     assert contract.apply_preprocessing(mono, raw[:, 0]).shape == (2, 1, 2, 2)
     with pytest.raises(ContractError, match=r"raw input of shape \[2, 5\] does not hold"):
         contract.apply_preprocessing(mono, np.zeros((2, 5)))
+
+
+def test_stdout_events_round_trip_and_unknown_ones_are_refused():
+    line = contract.event_line(contract.EVENT_EPOCH, {"epoch": 1, "val_accuracy": 0.99})
+    assert contract.parse_event("[0]<stdout>:" + line) == {
+        "event": "epoch", "epoch": 1, "val_accuracy": 0.99,
+    }  # fmt: skip
+    assert contract.parse_event(line, contract.EVENT_FINAL_METRICS) is None
+    assert contract.parse_event('{"event": "sleeping"}') is None  # not the contract's
+    assert contract.parse_event("epoch 1 done {not json") is None
+    with pytest.raises(ValueError, match="unknown event 'export'; the contract's events: epoch"):
+        contract.event_line("export", {})

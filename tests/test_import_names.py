@@ -136,6 +136,23 @@ def test_the_installed_wheel_imports_the_core_without_this_checkout(wheel, tmp_p
     assert run.stdout.splitlines()[0].startswith(str(target / "horovod_airflow" / "core"))
 
 
+def test_the_package_view_imports_without_any_install(tmp_path):
+    """scripts/package_view.sh: what mypy and the GPU device (no install of this project)
+    import from. An interpreter without site-packages finds the folders through it alone."""
+    run = subprocess.run(["bash", str(REPO / "scripts" / "package_view.sh"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    code = (
+        "import horovod_airflow.core.contract as c, horovod_airflow.trainer as t; print(c.__file__)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert Path(run.stdout.strip()).resolve() == REPO / "core" / "contract.py"
+
+
 # Each layer imported in a fresh interpreter in which the names its process must not have are
 # refused by an import hook: an import of one of them anywhere on the way fails the test.
 _BLOCKED = {

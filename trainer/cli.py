@@ -35,7 +35,7 @@ import sys
 from collections.abc import Sequence
 
 from horovod_airflow.core import train_config as options
-from horovod_airflow.core.contract import EXIT_REFUSED
+from horovod_airflow.core.contract import EVENT_EXPORTED, EXIT_REFUSED, event_line
 from horovod_airflow.core.train_config import ConfigError, TrainConfig
 
 
@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ParityError, DatasetError, TrainingError, StorageError) as e:
             print(f"trainer export: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             return EXIT_REFUSED if isinstance(e, ParityError | DatasetError) else 1
-        print(json.dumps({"event": "export", **report}), flush=True)
+        print(event_line(EVENT_EXPORTED, report), flush=True)
         return 0
     from horovod_airflow.trainer.doctor import diagnose, format_report
 

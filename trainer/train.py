@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import os
 import platform
@@ -28,8 +27,12 @@ from horovod_airflow.core import storage
 from horovod_airflow.core.contract import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
+    EVENT_EPOCH,
+    EVENT_FINAL_METRICS,
+    EVENT_PARAM_HASH,
     METRICS,
     METRICS_NAME,
+    event_line,
 )
 from horovod_airflow.core.layout import DatasetError, DatasetIntegrityError
 from horovod_airflow.core.train_config import ConfigError, TrainConfig, lr_at
@@ -698,8 +701,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     def print_param_hash(step: int) -> None:
         digest = param_hash(model, buffers=False)  # parameters: buffers agree at epoch ends
-        line = {"event": "param_hash", "rank": rt.rank, "step": step, "hash": digest}
-        print(json.dumps(line), flush=True)
+        fields = {"rank": rt.rank, "step": step, "hash": digest}
+        print(event_line(EVENT_PARAM_HASH, fields), flush=True)
 
     if config.debug_param_hash:
         print_param_hash(0)
@@ -748,11 +751,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
             f"{samples / train_s:.0f} samples/s, {train_s + eval_s:.1f}s",
         )
         if rt.is_primary:  # one machine-readable line per epoch (benchmarks time these)
-            event = {"event": "epoch", **history[-1], "of_epochs": config.epochs}
+            event = {**history[-1], "of_epochs": config.epochs}
             event.update(
                 val_correct=evaluation["val_correct"], val_samples=evaluation["val_samples"]
             )
-            print(json.dumps(event), flush=True)
+            print(event_line(EVENT_EPOCH, event), flush=True)
         digest = check_ranks_agree(model, rt, f"after epoch {epoch + 1}")
         # Horovod: rank 0 saves every rank's random state, so a resume continues each one
         rng_states = hvd.allgather_object(rng_state(device), name=f"rng_state.{epoch}")
@@ -811,5 +814,5 @@ def run(config: TrainConfig) -> dict[str, Any]:
             metrics_uri=metrics_uri,
             checkpoint_uri=ckpt_uri,
         )
-        print(json.dumps({"event": "final_metrics", **final}), flush=True)
+        print(event_line(EVENT_FINAL_METRICS, final), flush=True)
     return metrics

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from examples.waveforms.data import load_split
 from examples.waveforms.model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME, build_model
 from examples.waveforms.train import CHECKPOINT_FORMAT, standardize
 from horovod_airflow.core import contract, fileset, storage
-from horovod_airflow.core.contract import ONNX_NAME, PARITY, PARITY_NAME
+from horovod_airflow.core.contract import EVENT_EXPORTED, ONNX_NAME, PARITY, PARITY_NAME, event_line
 from horovod_airflow.trainer.export import write_onnx
 
 TOLERANCE = 1e-4
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ParityError, ValueError, OSError, storage.StorageError) as e:
         print(f"examples.waveforms.export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"event": "exported", **report}))
+    print(event_line(EVENT_EXPORTED, report), flush=True)
     return 0
 
 

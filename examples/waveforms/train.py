@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import sys
@@ -49,7 +48,14 @@ from typing import Any
 from examples.waveforms.data import load_split
 from examples.waveforms.model import MODEL_NAME, build_model, preprocessing_of
 from horovod_airflow.core import contract, fileset, storage
-from horovod_airflow.core.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME
+from horovod_airflow.core.contract import (
+    CHECKPOINT_NAME,
+    EVENT_EPOCH,
+    EVENT_FINAL_METRICS,
+    METRICS,
+    METRICS_NAME,
+    event_line,
+)
 
 #: The example's checkpoint format: private to the example, so outside the project's
 #: ``horovod-airflow/`` namespace (which horovod_airflow.core.contract owns).
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                 buf,
             )
             storage.write_bytes(ckpt_uri, buf.getvalue())
-            print(json.dumps({"event": "epoch", "of_epochs": args.epochs, **entry}), flush=True)
+            print(event_line(EVENT_EPOCH, {"of_epochs": args.epochs, **entry}), flush=True)
 
     if rank != 0:
         return None
@@ -250,7 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "artifacts": {"checkpoint": ckpt_uri, "metrics": storage.join(args.output, METRICS_NAME)},
     }
     storage.write_text(metrics["artifacts"]["metrics"], METRICS.dumps(metrics))
-    print(json.dumps({"event": "final_metrics", **metrics}), flush=True)
+    print(event_line(EVENT_FINAL_METRICS, metrics), flush=True)
     return metrics
 
 

@@ -18,4 +18,10 @@ fi
 out=()
 case " $* " in *" --out "*) ;; *) out=(--out "${OUT:?check: set OUT or pass --out DIR}") ;; esac
 export PYTHONUNBUFFERED=1
+# The device's Python has torch but not this project: it imports horovod_airflow.* (this
+# process and every rank it starts) from a view of the checkout's folders. The --cpu rehearsal
+# does the same (PYTHONPATH comes before the venv's editable install), so it rehearses that too.
+view=$(mktemp -d "${TMPDIR:-/tmp}/hva-view.XXXXXX")
+bash "$root/scripts/package_view.sh" "$view"
+export PYTHONPATH="$view${PYTHONPATH:+:$PYTHONPATH}"
 exec "$py" -m bench.gpu_check "${out[@]}" "$@"
