@@ -8,7 +8,6 @@ import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -380,14 +379,21 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
 
 
 def test_the_dag_shares_one_settings_object_for_train_and_export():
+    """Train and export get the deployment's job settings from one object (TRAINER_JOB), the
+    docker options included, not each its own copy."""
+    import importlib
+
     from horovod_airflow.operators.launchers.docker import DockerOptions
     from horovod_airflow.operators.settings import TRAINER_JOB
 
     assert isinstance(TRAINER_JOB["docker"], DockerOptions)
-    source = (Path(__file__).resolve().parents[2] / "dags" / "mnist_horovod_retrain.py").read_text()
-    assert source.count("**TRAINER_JOB") == 2
-    for repeated in ("image=", "gpus_per_proc=", "network_mode=", "docker="):
-        assert repeated not in source, repeated
+    dag = importlib.import_module("dags.mnist_horovod_retrain").retrain_dag
+    for task_id in ("train", "export_onnx"):
+        task = dag.task_dict[task_id]
+        assert task.launcher_options["docker"] is TRAINER_JOB["docker"], task_id
+        for name in ("image", "gpus_per_proc", "aws_conn_id", "rank_aws_conn_id"):
+            assert getattr(task, name) == TRAINER_JOB[name], (task_id, name)
+        assert task.execution_timeout == TRAINER_JOB["execution_timeout"], task_id
 
 
 def test_a_task_state_store_that_fails_is_a_warning_and_the_labels_decide():
