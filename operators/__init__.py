@@ -7,6 +7,7 @@ from horovod_airflow.operators import (
     HorovodExportOperator, PublishModelOperator,
 )
 
+``DataChecks`` declares the staging's data checks (``StageDatasetOperator(checks=...)``).
 ``BucketRetentionOperator`` applies the bucket's retention policy (the maintenance DAG's task).
 
 ``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
@@ -15,8 +16,10 @@ the trainer declares it (``horovod_airflow.trainer.config.param_schema``), for a
 """
 
 from horovod_airflow.operators.bucket_retention import BucketRetentionOperator
+from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.exceptions import (
     ChampionChangedError,
+    DatasetRefusedError,
     HorovodConfigError,
     HorovodLaunchError,
     HorovodOperatorError,
@@ -39,6 +42,8 @@ from horovod_airflow.trainer.config import param_schema as trainer_param_schema
 __all__ = [
     "BucketRetentionOperator",
     "ChampionChangedError",
+    "DataChecks",
+    "DatasetRefusedError",
     "HorovodConfigError",
     "HorovodExportOperator",
     "HorovodLaunchError",
