@@ -317,8 +317,8 @@ def run_checks(
     if previous is None:
         log.info(
             "data checks: %s is the first staged dataset named %r: nothing to compare with "
-            "(duplicates%s checked)",
-            staged_uri, name, " and the user check" if user else "",
+            "(only the duplicate%s ran)",
+            staged_uri, name, " and user checks" if user else " check",
         )  # fmt: skip
     else:
         log.info("data checks: %s passed %s", staged_uri, against)

@@ -7,9 +7,11 @@ example publishes
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from horovod_airflow.operators.settings import BUCKET_URI
+from horovod_airflow.operators.settings import DATA_CHECKS as DEPLOYMENT_DATA_CHECKS
 from horovod_airflow.trainer.layout import LATEST_NAME
 
 #: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
@@ -19,6 +21,13 @@ DATASET_SOURCE = str(DATASET_DIR)
 DATASET_NAME = "waveforms"
 #: The files of DATASET_DIR that are staged (StageDatasetOperator ``files=``).
 DATASET_FILES = ["*.npy"]
+#: The staging's data checks: the deployment's thresholds (HVA_DATA_*), the label files whose
+#: class balance is compared, and the example's own check (every split loads, all finite).
+DATA_CHECKS = replace(
+    DEPLOYMENT_DATA_CHECKS,
+    class_labels=("train_labels.npy", "test_labels.npy"),
+    check="examples.waveforms.data:check_dataset",
+)
 MODEL_NAME = "waveform_cnn"
 LATEST_MODEL_URI = f"{BUCKET_URI}/models/{MODEL_NAME}/{LATEST_NAME}"
 LATEST_MODEL_ASSET_NAME = "waveform_cnn_latest"

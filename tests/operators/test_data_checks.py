@@ -301,3 +301,28 @@ def test_the_operator_fails_a_refused_dataset_without_retry(tmp_path, base):
         op.execute({})
     assert isinstance(e.value, AirflowFailException)
     assert "class 7 missing from train" in str(e.value)
+
+
+def test_the_waveforms_app_declares_its_checks_and_its_own_check_refuses_nan(tmp_path):
+    from examples.waveforms import data
+    from examples.waveforms.settings import DATA_CHECKS, DATASET_DIR
+
+    assert DATA_CHECKS.class_labels == ("train_labels.npy", "test_labels.npy")
+    bucket = str(tmp_path / "bucket")
+    first = stage_files(str(DATASET_DIR), bucket, name="waveforms", patterns=["*.npy"],
+                        checks=DATA_CHECKS)  # fmt: skip
+    assert first["checks"]["previous"] is None
+    broken = tmp_path / "broken"
+    data.write_dataset(broken)
+    signals = np.load(broken / "train_signals.npy")
+    signals[:5, 3] = np.nan
+    np.save(broken / "train_signals.npy", signals)
+    with pytest.raises(DataCheckError, match="train_signals.npy: 5 samples hold NaN or inf"):
+        stage_files(str(broken), bucket, name="waveforms", patterns=["*.npy"], checks=DATA_CHECKS)
+    labels = np.load(broken / "train_labels.npy")
+    data.write_dataset(broken)
+    np.save(broken / "train_labels.npy", labels[labels != 2])
+    with pytest.raises(DataCheckError) as e:
+        stage_files(str(broken), bucket, name="waveforms", patterns=["*.npy"], checks=DATA_CHECKS)
+    assert "class 2 missing from train_labels.npy (previously 300 samples, 25.0 %)" in str(e.value)
+    assert "train_labels.npy must be integers [1200]" in str(e.value)  # the example's own check

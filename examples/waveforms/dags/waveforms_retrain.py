@@ -6,7 +6,9 @@ given this model's own pieces:
 
 1. **stage_dataset**: `StageDatasetOperator(files=["*.npy"])` stages the example's `.npy`
    files (`examples/waveforms/dataset/`) as a content-addressed file set at
-   `s3://<bucket>/datasets/waveforms/<hash16>/`.
+   `s3://<bucket>/datasets/waveforms/<hash16>/`, after its data checks against the previous
+   one (each `.npy` file's samples, shapes, dtypes and duplicates, the class balance of the
+   label files: `examples.waveforms.settings.DATA_CHECKS`).
 2. **train**: `HorovodTrainOperator(entrypoint=python -m examples.waveforms.train)`, 2 ranks by
    default, allreduced exact metrics in `metrics.json`.
 3. **gate**: `ModelGateOperator` against the published `waveform_cnn`; a champion measured
@@ -30,6 +32,7 @@ from airflow.sdk import Asset, Param, dag
 
 from examples.waveforms.settings import (
     CHAMPION_SCORER,
+    DATA_CHECKS,
     DATASET_FILES,
     DATASET_NAME,
     DATASET_SOURCE,
@@ -53,6 +56,7 @@ from horovod_airflow.operators.settings import (
     DEFAULT_LAUNCHER,
     MAX_REGRESSION_CEILING,
     MIN_ACCURACY_FLOOR,
+    RUN_DEADLINE_ALERTS,
     RUN_TIMEOUT,
     TASK_TIMEOUT,
     TRAINER_JOB,
@@ -74,6 +78,7 @@ RUN_PREFIX = BUCKET_URI + "/runs/{{ dag.dag_id }}/{{ run_id | safe_key }}"
     render_template_as_native_obj=True,
     user_defined_filters={"safe_key": safe_key},
     dagrun_timeout=RUN_TIMEOUT,
+    deadline=RUN_DEADLINE_ALERTS,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
                   "execution_timeout": TASK_TIMEOUT},
     tags=["horovod", "training", "example"],
@@ -97,6 +102,7 @@ def waveforms_horovod_retrain() -> None:
         files=DATASET_FILES,
         bucket_uri=BUCKET_URI,
         dataset_name=DATASET_NAME,
+        checks=DATA_CHECKS,
         aws_conn_id=AWS_CONN_ID,
     )
 
