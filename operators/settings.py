@@ -27,8 +27,8 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_RETENTION_IN_FLIGHT_MINUTES`` | ``2880`` | a run written this recently is in flight |
 | ``HVA_RETENTION_DRY_RUN`` | ``true`` | the maintenance DAG's default: list, do not delete |
 | ``HVA_DATA_MAX_SAMPLE_DROP`` | ``0.5`` | share of a split's samples a new dataset may lose |
-| ``HVA_DATA_MAX_CLASS_SHARE_CHANGE`` | ``0.05`` | how far a class's share may move (0.05: 5 points) |
-| ``HVA_DATA_MAX_DUPLICATE_FRACTION`` | ``0.05`` | share of a split's samples that may be duplicates |
+| ``HVA_DATA_MAX_CLASS_SHARE_CHANGE`` | ``0.05`` | how far a class's share may move (5 points) |
+| ``HVA_DATA_MAX_DUPLICATE_FRACTION`` | ``0.05`` | share of a split's samples that may repeat |
 | ``HVA_RUN_DEADLINE_MINUTES`` | ``180`` | a run still going this long after it was queued alerts |
 
 The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators

@@ -317,7 +317,7 @@ def test_the_waveforms_app_declares_its_checks_and_its_own_check_refuses_nan(tmp
     signals = np.load(broken / "train_signals.npy")
     signals[:5, 3] = np.nan
     np.save(broken / "train_signals.npy", signals)
-    with pytest.raises(DataCheckError, match="train_signals.npy: 5 samples hold NaN or inf"):
+    with pytest.raises(DataCheckError, match=r"train_signals\.npy: 5 samples hold NaN or inf"):
         stage_files(str(broken), bucket, name="waveforms", patterns=["*.npy"], checks=DATA_CHECKS)
     labels = np.load(broken / "train_labels.npy")
     data.write_dataset(broken)
