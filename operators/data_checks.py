@@ -116,7 +116,7 @@ class DataChecks:
             raise ValueError(f"DataChecks.check {self.check!r} cannot be imported: {e}") from e
         if not callable(func):
             raise ValueError(f"DataChecks.check {self.check!r} is not a function")
-        return func  # type: ignore[no-any-return]
+        return func
 
 
 @dataclass(frozen=True)
@@ -187,10 +187,10 @@ def compare(
     if previous is None:
         return problems
     for name, before in parts(previous).items():
-        part = now.get(name)
-        if part is None:
+        if name not in now:
             problems.append(f"{name}: missing (previously {before.samples} samples)")
             continue
+        part = now[name]
         if before.samples:
             change = (part.samples - before.samples) / before.samples
             if -change > checks.max_sample_drop:
@@ -262,14 +262,17 @@ def previous_staged(
     upload that never finished and is not a candidate; an unreadable manifest is logged and
     passed over."""
     root = f"{layout.datasets_root(bucket_uri)}/{name}"
+    loc = storage.parse(root)
+    # list_objects names S3 objects by URI and local files by path (no file:// scheme)
+    listed_root = f"s3://{loc.bucket}/{loc.key}" if loc.is_s3 else loc.key
+    excluded = exclude.rstrip("/").rsplit("/", 1)[-1]
     found = []
     for obj in storage.list_objects(root, client=client):
-        relative = obj.uri[len(root) + 1 :]
-        parts_ = relative.split("/")
-        if len(parts_) == 2 and parts_[1] == MANIFEST_NAME:
-            prefix = f"{root}/{parts_[0]}"
-            if prefix.rstrip("/") != exclude.rstrip("/"):
-                found.append((obj.modified, obj.uri, prefix))
+        if not obj.uri.startswith(listed_root.rstrip("/") + "/"):
+            continue
+        segments = obj.uri[len(listed_root.rstrip("/")) + 1 :].split("/")
+        if len(segments) == 2 and segments[1] == MANIFEST_NAME and segments[0] != excluded:
+            found.append((obj.modified, obj.uri, f"{root}/{segments[0]}"))
     for modified, uri, prefix in sorted(found, reverse=True):
         try:
             manifest = parse(storage.read_bytes(uri, client=client))

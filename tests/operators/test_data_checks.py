@@ -326,3 +326,12 @@ def test_the_waveforms_app_declares_its_checks_and_its_own_check_refuses_nan(tmp
         stage_files(str(broken), bucket, name="waveforms", patterns=["*.npy"], checks=DATA_CHECKS)
     assert "class 2 missing from train_labels.npy (previously 300 samples, 25.0 %)" in str(e.value)
     assert "train_labels.npy must be integers [1200]" in str(e.value)  # the example's own check
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_a_local_bucket_finds_its_previous_dataset_by_path_or_file_uri(tmp_path, base, scheme):
+    bucket = f"{scheme}{tmp_path / 'bucket'}"
+    first = stage_dataset(str(write_dataset(tmp_path / "a", base)), bucket, checks=DataChecks())
+    tenth = {s: _take(base[s], slice(0, len(base[s][0]) // 10)) for s in base}
+    with pytest.raises(DataCheckError, match=f"against {first['uri']} "):
+        stage_dataset(str(write_dataset(tmp_path / "b", tenth)), bucket, checks=DataChecks())
