@@ -22,13 +22,19 @@ file                      format (``Schema``)                  written by → re
 (a published version)     (:data:`VERSION_MANIFEST`)
 ``latest.json``           ``horovod-airflow/latest-v2``        publish → gate, serving, DAGs
                           (:data:`LATEST`)
-``manifest.json``         ``horovod-airflow/dataset-v1``       staging → trainer, gate re-scoring
-(a staged dataset)        (:data:`DATASET_FORMAT`,
+``manifest.json``         ``horovod-airflow/dataset-v2``       staging → trainer, gate re-scoring,
+(a staged dataset)        (:data:`DATASET_FORMAT`,             the next staging's data checks
                           checked by ``horovod_airflow.core.layout``)
-``manifest.json``         ``horovod-airflow/fileset-v1``       staging → a model's own training
-(a staged file set)       (:data:`FILESET_FORMAT`,             program and scorer
-                          checked by ``horovod_airflow.core.fileset``)
+``manifest.json``         ``horovod-airflow/fileset-v2``       staging → a model's own training
+(a staged file set)       (:data:`FILESET_FORMAT`,             program and scorer, the next
+                          checked by ``horovod_airflow.core.fileset``)  staging's data checks
 ========================  ===================================  =================================
+
+Legacy: a staged dataset's or file set's ``manifest.json`` staged before the data checks
+carries ``horovod-airflow/dataset-v1`` or ``fileset-v1`` (:data:`LEGACY_DATASET_FORMAT`,
+:data:`LEGACY_FILESET_FORMAT`): the same files, without the per-file statistics (classes,
+duplicates, dtype) that v2 adds. They are still read: the ranks train on them, and the next
+staging compares what such a manifest has (sample counts and shapes).
 
 Legacy: a published version's ``manifest.json`` and the registry's ``latest.json`` written
 before this contract carry ``horovod-airflow/model-v1``. They are still *read* (so the gate
@@ -66,8 +72,11 @@ SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
 MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
 
 # --- formats that are not JSON documents checked here -----------------------------------------
-DATASET_FORMAT = "horovod-airflow/dataset-v1"  # a staged dataset's manifest (core/layout.py)
-FILESET_FORMAT = "horovod-airflow/fileset-v1"  # a staged file set's manifest (core/fileset.py)
+DATASET_FORMAT = "horovod-airflow/dataset-v2"  # a staged dataset's manifest (core/layout.py)
+FILESET_FORMAT = "horovod-airflow/fileset-v2"  # a staged file set's manifest (core/fileset.py)
+#: The staged manifests before the data checks (no per-file statistics); still read.
+LEGACY_DATASET_FORMAT = "horovod-airflow/dataset-v1"
+LEGACY_FILESET_FORMAT = "horovod-airflow/fileset-v1"
 CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer/train.py, torch)
 LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
 

@@ -4,12 +4,19 @@
 names or glob patterns, plus a ``manifest.json``::
 
     {
-      "format": "horovod-airflow/fileset-v1",
+      "format": "horovod-airflow/fileset-v2",
       "name": "waveforms",
       "content_hash": "<sha256 over the sorted (file name, sha256) pairs>",
-      "files": [{"name": "train_signals.npy", "size": 614528, "sha256": "..."}, ...]
+      "files": [{"name": "train_signals.npy", "size": 614528, "sha256": "...",
+                 "samples": 1200, "shape": [1200, 128], "dtype": "float32", "duplicates": 0},
+                {"name": "train_labels.npy", ..., "classes": {"0": 300, "1": 300, ...}}, ...]
     }
 
+Each ``.npy`` file that numpy reads without unpickling also records its ``samples`` (axis
+0), ``shape``, ``dtype`` and ``duplicates``, and a file declared as class labels its
+``classes`` (:func:`horovod_airflow.core.layout.array_statistics`): what the next staging's
+data checks compare. A ``horovod-airflow/fileset-v1`` manifest (staged before them) has only
+name, size and sha256, and is still read. The manifest lives
 at ``<bucket>/datasets/<name>/<content_hash[:16]>/``
 (:func:`horovod_airflow.core.layout.staged_prefix`),
 so an unchanged file set is never uploaded twice. The format string is
@@ -31,8 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from horovod_airflow.core import storage
-from horovod_airflow.core.contract import FILESET_FORMAT
-from horovod_airflow.core.layout import MANIFEST_NAME, DatasetError, content_hash, verify_file
+from horovod_airflow.core.contract import FILESET_FORMAT, LEGACY_FILESET_FORMAT
+from horovod_airflow.core.layout import (
+    MANIFEST_NAME,
+    DatasetError,
+    array_statistics,
+    content_hash,
+    verify_file,
+)
+
+#: The file-set manifest formats this release reads (v1: staged before the data checks).
+READABLE_FORMATS = (FILESET_FORMAT, LEGACY_FILESET_FORMAT)
+NPY_SUFFIX = ".npy"
 
 
 def check_patterns(patterns: Any) -> list[str]:
@@ -74,16 +91,54 @@ def find_files(folder: str | os.PathLike[str], patterns: Sequence[str]) -> list[
     return [root / n for n in names if matches(n, patterns)]
 
 
-def build_manifest(name: str, files: Sequence[Path]) -> dict[str, Any]:
-    """The manifest of local files: name, size and sha256 of each, and the content hash."""
+def npy_statistics(path: Path, *, labels: bool = False) -> dict[str, Any]:
+    """The statistics of a ``.npy`` file (see the module's docstring). A file numpy cannot
+    read without unpickling gets none (``{}``: the data checks then do not compare it), unless
+    it is declared as labels: DatasetError naming it, as for labels that are not 1-D
+    integers."""
+    import numpy as np
+
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        if labels:
+            raise DatasetError(
+                f"{path.name}: declared as class labels, but not a .npy array numpy reads "
+                f"without pickle: {e}"
+            ) from e
+        return {}
+    try:
+        return array_statistics(array, labels=labels)
+    except DatasetError as e:
+        raise DatasetError(f"{path.name}: {e}") from e
+
+
+def build_manifest(
+    name: str, files: Sequence[Path], *, class_labels: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The manifest of local files: name, size and sha256 of each, the statistics of each
+    ``.npy`` file (with ``classes`` for those named in ``class_labels``), and the content
+    hash."""
     if not name or "/" in name:
         raise DatasetError(f"dataset name must be non-empty and without '/', got {name!r}")
     if not files:
         raise DatasetError(f"dataset {name!r}: no files to stage")
-    entries = [
-        {"name": p.name, "size": p.stat().st_size, "sha256": storage.sha256_file(p)}
-        for p in sorted(files, key=lambda p: p.name)
-    ]
+    names = {p.name for p in files}
+    missing = [n for n in class_labels if n not in names]
+    if missing:
+        raise DatasetError(
+            f"dataset {name!r}: class_labels {missing} are not among its files {sorted(names)}"
+        )
+    entries = []
+    for p in sorted(files, key=lambda p: p.name):
+        entry: dict[str, Any] = {
+            "name": p.name,
+            "size": p.stat().st_size,
+            "sha256": storage.sha256_file(p),
+        }
+        if p.name.endswith(NPY_SUFFIX) or p.name in class_labels:
+            entry.update(npy_statistics(p, labels=p.name in class_labels))
+        entries.append(entry)
     if len({e["name"] for e in entries}) != len(entries):
         raise DatasetError(f"dataset {name!r}: two files share a name")
     return {
@@ -100,9 +155,11 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
         m = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
-    if not isinstance(m, dict) or m.get("format") != FILESET_FORMAT:
+    if not isinstance(m, dict) or m.get("format") not in READABLE_FORMATS:
         got = m.get("format") if isinstance(m, dict) else type(m).__name__
-        raise DatasetError(f"{MANIFEST_NAME}: 'format' must be {FILESET_FORMAT!r}, got {got!r}")
+        raise DatasetError(
+            f"{MANIFEST_NAME}: 'format' must be one of {', '.join(READABLE_FORMATS)}, got {got!r}"
+        )
     files = m.get("files")
     if not isinstance(files, list) or not files:
         raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")

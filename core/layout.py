@@ -5,16 +5,24 @@ A staged dataset is a folder (S3 prefix or local path) of MNIST-format IDX files
 ``manifest.json``::
 
     {
-      "format": "horovod-airflow/dataset-v1",
+      "format": "horovod-airflow/dataset-v2",
       "name": "mnist",
       "content_hash": "<sha256 over the sorted (file name, sha256) pairs>",
       "files": [
         {"name": "train-images-idx3-ubyte.gz", "split": "train", "kind": "images",
-         "size": 9912422, "sha256": "...", "samples": 60000, "shape": [60000, 28, 28]},
+         "size": 9912422, "sha256": "...", "samples": 60000, "shape": [60000, 28, 28],
+         "dtype": "uint8", "duplicates": 0},
+        {"name": "train-labels-idx1-ubyte.gz", "split": "train", "kind": "labels", ...,
+         "dtype": "uint8", "classes": {"0": 5923, "1": 6742, ...}},
         ...
       ],
       "splits": {"train": 60000, "test": 10000}
     }
+
+``dtype``, ``duplicates`` (samples whose values repeat an earlier sample of the same file) and
+``classes`` (samples per label) are v2's: they are what the next staging's data checks
+(``horovod_airflow.operators.data_checks``) compare against. A ``horovod-airflow/dataset-v1``
+manifest (staged before them) lacks them and is still read.
 
 The content hash names the staged prefix (``datasets/<name>/<content_hash[:16]>/``), so an
 unchanged dataset is never uploaded twice and a trained model can say exactly which data it
@@ -32,10 +40,12 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from horovod_airflow.core.contract import DATASET_FORMAT, MANIFEST_NAME
+from horovod_airflow.core.contract import DATASET_FORMAT, LEGACY_DATASET_FORMAT, MANIFEST_NAME
 from horovod_airflow.core.storage import sha256_file
 
 FORMAT = DATASET_FORMAT
+#: The dataset manifest formats this release reads (v1: staged before the data checks).
+READABLE_FORMATS = (DATASET_FORMAT, LEGACY_DATASET_FORMAT)
 SPLITS = ("train", "test")
 # The four files of an MNIST-format dataset, by (split, kind); the names torchvision uses.
 STEMS = {
@@ -92,6 +102,33 @@ def read_idx(path: str | os.PathLike[str]) -> Any:
     return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(shape)
 
 
+def array_statistics(array: Any, *, labels: bool = False) -> dict[str, Any]:
+    """What the data checks compare of one array of samples (axis 0): ``samples``, ``shape``,
+    ``dtype``; ``duplicates`` (samples equal to an earlier one, for samples of 1 value or
+    more per axis beyond 0); with ``labels``, ``classes`` (samples per label value) of a 1-D
+    integer array, else DatasetError."""
+    import hashlib
+
+    import numpy as np
+
+    shape = [int(d) for d in array.shape]
+    if not shape:
+        raise DatasetError(f"a 0-dimensional array (dtype {array.dtype}) holds no samples")
+    stats: dict[str, Any] = {"samples": shape[0], "shape": shape, "dtype": str(array.dtype)}
+    if len(shape) >= 2:
+        rows = np.ascontiguousarray(array.reshape(shape[0], -1))
+        seen = {hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in rows}
+        stats["duplicates"] = shape[0] - len(seen)
+    if labels:
+        if len(shape) != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise DatasetError(
+                f"class labels must be a 1-D integer array, got shape {shape} dtype {array.dtype}"
+            )
+        values, counts = np.unique(array, return_counts=True)
+        stats["classes"] = {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
+    return stats
+
+
 def find_source_files(folder: str | os.PathLike[str]) -> dict[tuple[str, str], Path]:
     """Locate the four MNIST-format files in a local folder (plain or .gz names)."""
     root = Path(folder)
@@ -140,8 +177,7 @@ def build_manifest(name: str, files: dict[tuple[str, str], Path]) -> dict[str, A
                 "kind": kind,
                 "size": path.stat().st_size,
                 "sha256": sha256_file(path),
-                "samples": shape[0],
-                "shape": list(shape),
+                **array_statistics(read_idx(path), labels=kind == "labels"),
             }
         )
         if split in splits and splits[split] != shape[0]:
@@ -165,10 +201,10 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
     found = m.get("format") if isinstance(m, dict) else None
-    if found != FORMAT:
+    if found not in READABLE_FORMATS:
         raise DatasetError(
-            f"dataset {MANIFEST_NAME}: format {found!r}; supported: {FORMAT} (restage the "
-            "dataset with this release)"
+            f"dataset {MANIFEST_NAME}: format {found!r}; supported: "
+            f"{', '.join(READABLE_FORMATS)} (restage the dataset with this release)"
         )
     files = m.get("files")
     if not isinstance(files, list) or not files:

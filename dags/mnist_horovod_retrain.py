@@ -5,7 +5,10 @@
 
 1. **stage_dataset** (`StageDatasetOperator`) uploads the dataset (default: the vendored
    real MNIST) to `s3://<bucket>/datasets/mnist/<content-hash>/` with a `manifest.json`.
-   Content-addressed: an unchanged dataset uploads nothing.
+   Content-addressed: an unchanged dataset uploads nothing. First its data checks compare it
+   with the previous staged dataset (samples per split, class balance, shapes, duplicates;
+   the `HVA_DATA_*` thresholds): a dataset beyond them fails this task, uploads nothing, and
+   nothing trains.
 2. **train** (`HorovodTrainOperator`) runs `horovodrun -np <num_proc> python -m
 horovod_airflow.trainer
    train` through the chosen launcher (local subprocess, Docker container, or Kubeflow
@@ -31,7 +34,8 @@ horovod_airflow.trainer
 Alerts: a failed task, and a refused gate, mail `HVA_ALERT_EMAILS` through the SMTP
 connection `HVA_SMTP_CONN_ID`; a refusing gate fails (and so alerts) once
 `HVA_STALE_AFTER_RUNS` runs in a row were refused or nothing was published for
-`HVA_STALE_AFTER_DAYS` days.
+`HVA_STALE_AFTER_DAYS` days; a run still going `HVA_RUN_DEADLINE_MINUTES` after it was queued
+mails them too (an Airflow deadline alert).
 
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and

@@ -7,6 +7,7 @@ from horovod_airflow.operators import (
     HorovodExportOperator, PublishModelOperator,
 )
 
+``DataChecks`` declares the staging's data checks (``StageDatasetOperator(checks=...)``).
 ``BucketRetentionOperator`` applies the bucket's retention policy (the maintenance DAG's task).
 
 ``safe_key`` is the Jinja filter that makes a run id one S3 key segment (run prefixes).
@@ -16,8 +17,10 @@ the trainer declares it (``horovod_airflow.core.train_config.param_schema``), fo
 
 from horovod_airflow.core.train_config import param_schema as trainer_param_schema
 from horovod_airflow.operators.bucket_retention import BucketRetentionOperator
+from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.exceptions import (
     ChampionChangedError,
+    DatasetRefusedError,
     HorovodConfigError,
     HorovodLaunchError,
     HorovodOperatorError,
@@ -39,6 +42,8 @@ from horovod_airflow.operators.train import HorovodTrainOperator
 __all__ = [
     "BucketRetentionOperator",
     "ChampionChangedError",
+    "DataChecks",
+    "DatasetRefusedError",
     "HorovodConfigError",
     "HorovodExportOperator",
     "HorovodLaunchError",

@@ -20,6 +20,7 @@ from horovod_airflow.operators.exceptions import StaleModelError
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseNotifier
+    from airflow.sdk.definitions.deadline import DeadlineAlert
 
 FAILED_SUBJECT = "[horovod-airflow] {{ dag.dag_id }}: task {{ ti.task_id }} failed ({{ run_id }})"
 FAILED_BODY = (
@@ -37,6 +38,51 @@ REFUSED_BODY = (
     "champion {{ gate.champion_accuracy }}.</p>"
     '<p>Log: <a href="{{ ti.log_url }}">{{ ti.log_url }}</a></p>'
 )
+
+
+# A deadline callback runs in the triggerer with a small context: the run (``dag_run``, as the
+# REST API shows it) and the deadline; no task, no ``dag`` object.
+LATE_SUBJECT = (
+    "[horovod-airflow] {{ dag_run.dag_id }}: run {{ dag_run.dag_run_id }} is still going "
+    "after its deadline"
+)
+LATE_BODY = (
+    "<p>DAG run <b>{{ dag_run.dag_run_id }}</b> of <b>{{ dag_run.dag_id }}</b>, queued at "
+    "{{ dag_run.queued_at }}, had not finished by its deadline {{ deadline.deadline_time }} "
+    "(state: {{ dag_run.state }}).</p>"
+    "<p>A run that takes far longer than usual: a hung rank, a stuck upload, or no free "
+    "worker. It fails at its dagrun_timeout (HVA_RUN_TIMEOUT_MINUTES) unless it finishes.</p>"
+)
+
+
+def run_deadline_alerts(
+    after: timedelta, emails: Sequence[str], smtp_conn_id: str = "smtp_default"
+) -> list[DeadlineAlert]:
+    """The DAG's ``deadline=``: an Airflow deadline alert that mails ``emails`` through
+    ``smtp_conn_id`` when a run has not finished ``after`` its queueing; none without
+    addresses. The scheduler finds the missed deadline and the triggerer sends the mail with
+    the same SMTP notifier as :func:`alert_notifiers` (``SmtpNotifier``, awaited)."""
+    if not isinstance(after, timedelta) or after <= timedelta(0):
+        raise ValueError(f"after must be a positive timedelta, got {after!r}")
+    if not emails:
+        return []
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+    from airflow.sdk.definitions.callback import AsyncCallback
+    from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+
+    callback = AsyncCallback(
+        SmtpNotifier,
+        kwargs={"to": list(emails), "smtp_conn_id": smtp_conn_id, "subject": LATE_SUBJECT,
+                "html_content": LATE_BODY},
+    )  # fmt: skip
+    return [
+        DeadlineAlert(
+            reference=DeadlineReference.DAGRUN_QUEUED_AT,
+            interval=after,
+            callback=callback,
+            name="run far longer than usual",
+        )
+    ]
 
 
 def alert_notifiers(

@@ -114,3 +114,9 @@ class RetentionConflictError(AirflowException):
     """The registry (a ``latest.json`` or the set of published versions) changed between the
     retention plan and a deletion: the plan may delete what the new state needs, so it is
     refused. A retry (or the next pass) plans again over the new state."""
+
+
+class DatasetRefusedError(AirflowFailException):
+    """The staged dataset failed its data checks against the previous one (the message names
+    each change and its threshold). Nothing was uploaded and nothing trains; a retry would
+    meet the same data, so none is made. If the change is intended, loosen the checks."""

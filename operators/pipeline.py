@@ -35,6 +35,7 @@ from airflow.sdk import Asset, Param
 
 from horovod_airflow.core.layout import RUNS_DIR
 from horovod_airflow.operators import settings
+from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.export import HorovodExportOperator
 from horovod_airflow.operators.gate import ModelGateOperator
 from horovod_airflow.operators.model_registry import (
@@ -78,6 +79,9 @@ class ModelApp:
     :param trainer_args: extra options of the training program (values templated).
     :param champion_scorer: ``module:function`` that re-scores a champion measured on other
         data (``ModelGateOperator(champion_scorer=)``); None: the gate refuses instead.
+    :param data_checks: what staging checks against the previous staged dataset of the name
+        (``StageDatasetOperator(checks=)``); None: the deployment's thresholds
+        (``settings.DATA_CHECKS``, ``HVA_DATA_*``).
     """
 
     model_name: str
@@ -89,6 +93,7 @@ class ModelApp:
     export_entrypoint: Sequence[str] | None = None
     trainer_args: Mapping[str, Any] = field(default_factory=dict)
     champion_scorer: str | None = DEFAULT_CHAMPION_SCORER
+    data_checks: DataChecks | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_name", "dataset_name", "dataset_source"):
@@ -139,6 +144,7 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
         bucket_uri=settings.BUCKET_URI,
         dataset_name=app.dataset_name,
         allowed_sources=tuple(app.allowed_sources),
+        checks=settings.DATA_CHECKS if app.data_checks is None else app.data_checks,
         aws_conn_id=settings.AWS_CONN_ID,
     )
     train = HorovodTrainOperator(
@@ -230,13 +236,15 @@ def retraining_params(
 def retraining_dag_args() -> dict[str, Any]:
     """The ``@dag`` arguments every retraining DAG shares: one run at a time, no catch-up,
     native rendering of templated settings, the run prefix's ``safe_key`` filter, the
-    deployment's run and task timeouts, one retry, and the failure alerts on every task."""
+    deployment's run and task timeouts, one retry, the failure alerts on every task, and the
+    deadline alert of a run that takes far longer than it should (``HVA_RUN_DEADLINE_MINUTES``)."""
     return {
         "catchup": False,
         "max_active_runs": 1,
         "render_template_as_native_obj": True,
         "user_defined_filters": {"safe_key": safe_key},
         "dagrun_timeout": settings.RUN_TIMEOUT,
+        "deadline": settings.RUN_DEADLINE_ALERTS,
         "default_args": {
             "retries": 1,
             "retry_delay": timedelta(seconds=30),

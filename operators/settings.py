@@ -26,6 +26,10 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_RETENTION_KEEP_RUNS`` | ``10`` | run prefixes kept per DAG, newest first (1 to 100000) |
 | ``HVA_RETENTION_IN_FLIGHT_MINUTES`` | ``2880`` | a run written this recently is in flight |
 | ``HVA_RETENTION_DRY_RUN`` | ``true`` | the maintenance DAG's default: list, do not delete |
+| ``HVA_DATA_MAX_SAMPLE_DROP`` | ``0.5`` | share of a split's samples a new dataset may lose |
+| ``HVA_DATA_MAX_CLASS_SHARE_CHANGE`` | ``0.05`` | how far a class's share may move (5 points) |
+| ``HVA_DATA_MAX_DUPLICATE_FRACTION`` | ``0.05`` | share of a split's samples that may repeat |
+| ``HVA_RUN_DEADLINE_MINUTES`` | ``180`` | a run still going this long after it was queued alerts |
 
 The floor, ceiling and sources bind the trigger form (the Params' bounds) and the operators
 (a conf past them fails the task without retry): whoever may trigger a run may not lower the
@@ -36,6 +40,12 @@ and the MPIJob/TrainJob ``activeDeadlineSeconds``. The run's keeps a hung run fr
 ``max_active_runs=1`` (and so every later scheduled run) forever.
 
 ``TRAINER_JOB`` bundles the settings the DAG's train and export tasks share.
+
+The ``HVA_DATA_*`` settings are the staging's data checks (``DATA_CHECKS``,
+:mod:`horovod_airflow.operators.data_checks`): a dataset that changed more than they allow
+against the previous staged one fails the staging task, and nothing trains. The run deadline
+is an Airflow deadline alert (``RUN_DEADLINE_ALERTS``): it mails ``HVA_ALERT_EMAILS`` while the
+run goes on; ``HVA_RUN_TIMEOUT_MINUTES`` is the later limit that fails it.
 
 The retention settings are the policy of the maintenance DAG (``dags/bucket_retention.py``,
 :mod:`horovod_airflow.operators.retention`): published versions, ``latest.json`` and the
@@ -51,7 +61,8 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from horovod_airflow.operators.alerts import alert_notifiers
+from horovod_airflow.operators.alerts import alert_notifiers, run_deadline_alerts
+from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
 from horovod_airflow.operators.model_registry import latest_asset_name, latest_uri
@@ -156,6 +167,22 @@ if RETENTION_IN_FLIGHT < RUN_TIMEOUT:
         "the longest a DAG run can be in flight; default 2880"
     )
 RETENTION_DRY_RUN = flag("HVA_RETENTION_DRY_RUN", True)
+#: The staging's data checks (StageDatasetOperator(checks=DATA_CHECKS)).
+DATA_CHECKS = DataChecks(
+    max_sample_drop=fraction("HVA_DATA_MAX_SAMPLE_DROP", 0.5),
+    max_class_share_change=fraction("HVA_DATA_MAX_CLASS_SHARE_CHANGE", 0.05),
+    max_duplicate_fraction=fraction("HVA_DATA_MAX_DUPLICATE_FRACTION", 0.05),
+)
+#: A run that takes far longer than usual is told about before its dagrun_timeout fails it:
+#: the DAG's ``deadline=`` (empty without HVA_ALERT_EMAILS).
+RUN_DEADLINE = minutes("HVA_RUN_DEADLINE_MINUTES", 180)
+if RUN_DEADLINE >= RUN_TIMEOUT:
+    raise ValueError(
+        f"HVA_RUN_DEADLINE_MINUTES={RUN_DEADLINE.total_seconds() / 60:.0f}: expected less than "
+        f"HVA_RUN_TIMEOUT_MINUTES ({RUN_TIMEOUT.total_seconds() / 60:.0f}), which fails the run "
+        "(the alert must come first); default 180"
+    )
+RUN_DEADLINE_ALERTS = run_deadline_alerts(RUN_DEADLINE, ALERT_EMAILS, SMTP_CONN_ID)
 #: The Asset URI of the serving pointer that ``publish`` writes last.
 LATEST_MODEL_URI = latest_uri(BUCKET_URI, MODEL_NAME)
 LATEST_MODEL_ASSET_NAME = latest_asset_name(MODEL_NAME)

@@ -15,13 +15,17 @@ from airflow.sdk import BaseOperator
 
 from horovod_airflow.core.fileset import check_patterns
 from horovod_airflow.operators.connection import AwsConnectionMixin
-from horovod_airflow.operators.exceptions import HorovodConfigError
+from horovod_airflow.operators.data_checks import DataCheckError, DataChecks
+from horovod_airflow.operators.exceptions import DatasetRefusedError, HorovodConfigError
 from horovod_airflow.operators.job import check_name, check_uri, is_templated
 from horovod_airflow.operators.retry import with_retry_policy
 from horovod_airflow.operators.staging import stage_dataset, stage_files
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+#: The data checks a StageDatasetOperator runs unless given others (or None).
+DEFAULT_CHECKS = DataChecks()
 
 
 def check_allowed_source(source: str, allowed: Sequence[str]) -> str:
@@ -49,9 +53,17 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
     prefix that already holds the same manifest and files is not uploaded again. The ranks
     verify the files against the manifest before they train.
 
-    Returns (as XCom) ``{"uri", "name", "content_hash", "splits", "uploaded"}``: the staged
-    prefix (hand it to the trainer as ``data``), the dataset name, its content hash, the
-    samples per split and the file names uploaded by this try (empty when already staged).
+    Before anything is uploaded, the dataset is compared with the previous staged dataset of
+    the same name (``checks``, :mod:`horovod_airflow.operators.data_checks`: samples per
+    split, class balance, shapes and dtypes, duplicates): a change beyond the thresholds fails
+    the task without a retry (:class:`DatasetRefusedError`, naming each change), uploads
+    nothing, and so trains nothing and never becomes the baseline of a later run.
+
+    Returns (as XCom) ``{"uri", "name", "content_hash", "splits", "uploaded", "checks"}``: the
+    staged prefix (hand it to the trainer as ``data``), the dataset name, its content hash, the
+    samples per split, the file names uploaded by this try (empty when already staged) and
+    the checks' report (``passed``, ``previous``: the prefix compared against, None on a first
+    staging; None without checks).
 
     :param source: ``"vendored"`` (the project's real MNIST), an ``s3://`` prefix or a local
         folder holding the files (templated).
@@ -69,6 +81,11 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         (``"vendored"``) or prefixes ending in ``/`` (``"s3://datasets-bucket/mnist/"``,
         ``"/data/"``). A rendered ``source`` outside them fails the task without retry,
         naming both, before anything is read. None or empty (default): any source.
+    :param checks: the data checks' thresholds (:class:`DataChecks`; default ``DataChecks()``:
+        a split may lose at most 50 % of its samples, a class's share move at most 5 points, at
+        most 5 % of samples be duplicates). Not templated: a run's conf cannot loosen them.
+        A file set declares its label files (``class_labels``) and its own check function
+        (``check``) in it. None: no checks.
     """
 
     template_fields: Sequence[str] = ("source", "bucket_uri", "dataset_name")
@@ -83,6 +100,7 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         aws_conn_id: str | None = "aws_default",
         files: Sequence[str] | None = None,
         allowed_sources: Sequence[str] | None = None,
+        checks: DataChecks | None = DEFAULT_CHECKS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**with_retry_policy(kwargs))
@@ -94,6 +112,14 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
                 f"got {allowed_sources!r}"
             )
         self.allowed_sources = tuple(allowed_sources or ())
+        if checks is not None and not isinstance(checks, DataChecks):
+            raise ValueError(f"checks must be a DataChecks or None, got {checks!r}")
+        if checks is not None and checks.class_labels and files is None:
+            raise ValueError(
+                "checks.class_labels names label files of a file set (files=); an MNIST-format "
+                "dataset's labels are its labels files"
+            )
+        self.checks = checks
         if files is not None:
             files = check_patterns(files)
             if source == "vendored":
@@ -125,6 +151,12 @@ class StageDatasetOperator(AwsConnectionMixin, BaseOperator):
         except ValueError as e:
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
         client = self.s3_client_for(source, bucket_uri)
-        if self.files is not None:
-            return stage_files(source, bucket_uri, name=name, patterns=self.files, client=client)
-        return stage_dataset(source, bucket_uri, name=name, client=client)
+        try:
+            if self.files is not None:
+                return stage_files(
+                    source, bucket_uri, name=name, patterns=self.files, client=client,
+                    checks=self.checks,
+                )  # fmt: skip
+            return stage_dataset(source, bucket_uri, name=name, client=client, checks=self.checks)
+        except DataCheckError as e:
+            raise DatasetRefusedError(f"{self.task_id}: {e}") from e

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from horovod_airflow.core import fileset, layout, storage
+from horovod_airflow.operators.data_checks import DataChecks, previous_staged, run_checks
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,32 @@ def _already_staged(
     return all(sizes.get(e["name"]) == e["size"] for e in manifest["files"])
 
 
+def _check(
+    manifest: dict[str, Any],
+    files: dict[str, Path],
+    bucket_uri: str,
+    prefix: str,
+    checks: DataChecks | None,
+    parse: Callable[[bytes], dict[str, Any]],
+    client: Any,
+) -> dict[str, Any] | None:
+    """Run ``checks`` against the previous staged dataset of the name (None: no checks)."""
+    if checks is None:
+        log.info("data checks: none declared for %s", manifest["name"])
+        return None
+    previous = previous_staged(
+        bucket_uri, manifest["name"], exclude=prefix, parse=parse, client=client
+    )
+    return run_checks(manifest, previous, checks, files, staged_uri=prefix)
+
+
 def stage_dataset(
-    source: str, bucket_uri: str, *, name: str = "mnist", client: Any | None = None
+    source: str,
+    bucket_uri: str,
+    *,
+    name: str = "mnist",
+    client: Any | None = None,
+    checks: DataChecks | None = None,
 ) -> dict[str, Any]:
     """Upload an MNIST-format dataset to ``<bucket_uri>/datasets/<name>/<hash16>/``.
 
@@ -98,15 +123,24 @@ def stage_dataset(
     prefix already holds the same manifest and files, nothing is uploaded. The manifest is
     written last, so a staged prefix with a manifest is always complete.
 
-    Returns ``{"uri", "name", "content_hash", "splits", "uploaded"}`` (uploaded: file names).
+    With ``checks``, the dataset is first compared with the previous staged dataset of the
+    name (:mod:`horovod_airflow.operators.data_checks`); a change beyond them raises
+    :class:`~horovod_airflow.operators.data_checks.DataCheckError` and uploads nothing.
+
+    Returns ``{"uri", "name", "content_hash", "splits", "uploaded", "checks"}`` (uploaded:
+    file names; checks: the checks' report, None without checks).
     """
     client = client if client is not None else storage.s3_client()
     with tempfile.TemporaryDirectory(prefix="hva-stage-") as tmp:
         folder = _resolve_source(source, Path(tmp), client)
         files = layout.find_source_files(folder)
         manifest = layout.build_manifest(name, files)
-        storage.ensure_bucket(bucket_uri, client=client)
         prefix = layout.staged_prefix(bucket_uri, manifest)
+        by_name = {p.name: p for p in files.values()}
+        storage.ensure_bucket(bucket_uri, client=client)
+        report = _check(
+            manifest, by_name, bucket_uri, prefix, checks, layout.parse_manifest, client
+        )
         uploaded: list[str] = []
         if _already_staged(prefix, manifest, client):
             log.info("dataset %s already staged at %s: nothing to upload", name, prefix)
@@ -127,6 +161,7 @@ def stage_dataset(
         "content_hash": manifest["content_hash"],
         "splits": manifest["splits"],
         "uploaded": uploaded,
+        "checks": report,
     }
 
 
@@ -159,6 +194,7 @@ def stage_files(
     name: str,
     patterns: Sequence[str],
     client: Any | None = None,
+    checks: DataChecks | None = None,
 ) -> dict[str, Any]:
     """Upload any files to ``<bucket_uri>/datasets/<name>/<hash16>/`` with a file-set manifest.
 
@@ -167,18 +203,27 @@ def stage_files(
     must match at least one file. The manifest (:mod:`horovod_airflow.core.fileset`, written
     last) records
     each file's size and sha256 and the content hash that names the prefix. Idempotent, like
-    :func:`stage_dataset`: an already staged file set uploads nothing.
+    :func:`stage_dataset`: an already staged file set uploads nothing. With ``checks``, the
+    file set is first compared with the previous one of the name, as in :func:`stage_dataset`
+    (its ``.npy`` files' samples, shapes, dtypes and duplicates; the classes of
+    ``checks.class_labels``; ``checks.check``).
 
-    Returns ``{"uri", "name", "content_hash", "files", "uploaded"}`` (files: the staged names).
+    Returns ``{"uri", "name", "content_hash", "files", "uploaded", "checks"}`` (files: the
+    staged names).
     """
     patterns = fileset.check_patterns(patterns)
     client = client if client is not None else storage.s3_client()
     with tempfile.TemporaryDirectory(prefix="hva-stage-") as tmp:
         folder = _resolve_files_source(source, patterns, Path(tmp), client)
         files = fileset.find_files(folder, patterns)
-        manifest = fileset.build_manifest(name, files)
-        storage.ensure_bucket(bucket_uri, client=client)
+        labels = checks.class_labels if checks is not None else ()
+        manifest = fileset.build_manifest(name, files, class_labels=labels)
         prefix = layout.staged_prefix(bucket_uri, manifest)
+        by_name = {p.name: p for p in files}
+        storage.ensure_bucket(bucket_uri, client=client)
+        report = _check(
+            manifest, by_name, bucket_uri, prefix, checks, fileset.parse_manifest, client
+        )
         uploaded: list[str] = []
         if _already_staged(prefix, manifest, client, fileset.parse_manifest):
             log.info("file set %s already staged at %s: nothing to upload", name, prefix)
@@ -199,4 +244,5 @@ def stage_files(
         "content_hash": manifest["content_hash"],
         "files": [e["name"] for e in manifest["files"]],
         "uploaded": uploaded,
+        "checks": report,
     }

@@ -110,6 +110,27 @@ def load_split(paths: dict[str, Path], split: str) -> tuple[Any, Any]:
     return signals, labels.astype(np.int64)
 
 
+def check_dataset(
+    manifest: dict[str, Any], previous: dict[str, Any] | None, files: dict[str, Path]
+) -> list[str]:
+    """The example's own data check, run by the staging before anything is uploaded
+    (``DataChecks(check="examples.waveforms.data:check_dataset")``): each split loads as the
+    training program will load it, and holds only finite values. Returns the problems found."""
+    from horovod_airflow.core.layout import DatasetError
+
+    problems = []
+    for split in SPLITS:
+        try:
+            signals, _ = load_split(files, split)
+        except DatasetError as e:
+            problems.append(str(e))
+            continue
+        bad = int((~np.isfinite(signals)).any(axis=1).sum())
+        if bad:
+            problems.append(f"{file_name(split, 'signals')}: {bad} samples hold NaN or inf")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m examples.waveforms.data",

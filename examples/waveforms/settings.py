@@ -8,9 +8,11 @@ example publishes
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from horovod_airflow.operators.pipeline import ModelApp
+from horovod_airflow.operators.settings import DATA_CHECKS as DEPLOYMENT_DATA_CHECKS
 
 #: The shipped dataset folder (``python -m examples.waveforms.data --out DIR`` rewrites it).
 DATASET_DIR = Path(__file__).resolve().parent / "dataset"
@@ -19,6 +21,13 @@ DATASET_SOURCE = str(DATASET_DIR)
 DATASET_NAME = "waveforms"
 #: The files of DATASET_DIR that are staged (StageDatasetOperator ``files=``).
 DATASET_FILES = ["*.npy"]
+#: The staging's data checks: the deployment's thresholds (HVA_DATA_*), the label files whose
+#: class balance is compared, and the example's own check (every split loads, all finite).
+DATA_CHECKS = replace(
+    DEPLOYMENT_DATA_CHECKS,
+    class_labels=("train_labels.npy", "test_labels.npy"),
+    check="examples.waveforms.data:check_dataset",
+)
 MODEL_NAME = "waveform_cnn"
 #: The example's programs, run by HorovodTrainOperator / HorovodExportOperator (``entrypoint=``).
 TRAIN_ENTRYPOINT = ("python", "-m", "examples.waveforms.train")
@@ -36,6 +45,7 @@ WAVEFORMS = ModelApp(
     export_entrypoint=EXPORT_ENTRYPOINT,
     trainer_args={"epochs": "{{ params.epochs }}"},
     champion_scorer=CHAMPION_SCORER,
+    data_checks=DATA_CHECKS,
 )
 #: The serving pointer publish writes last, and its Asset (waveforms_serve_latest_model's schedule).
 LATEST_MODEL_URI = WAVEFORMS.latest_uri

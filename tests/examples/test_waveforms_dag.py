@@ -130,7 +130,7 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     assert any(k.startswith("datasets/waveforms/") and k.endswith("/manifest.json") for k in keys)
     staged = json.loads(_get(client, bucket, wave_latest["dataset_uri"][len(f"s3://{bucket}/"):]
                              + "/manifest.json"))  # fmt: skip
-    assert staged["format"] == "horovod-airflow/fileset-v1" == contract.FILESET_FORMAT
+    assert staged["format"] == "horovod-airflow/fileset-v2" == contract.FILESET_FORMAT
     assert staged["content_hash"] == wave_latest["dataset_content_hash"]
     assert sorted(f["name"] for f in staged["files"]) == [
         "test_labels.npy", "test_signals.npy", "train_labels.npy", "train_signals.npy"

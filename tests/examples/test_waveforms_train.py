@@ -71,4 +71,4 @@ def test_data_that_is_not_a_file_set_is_refused_naming_the_format(tmp_path, mnis
         capture_output=True, text=True, env=os.environ.copy(), timeout=300,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "'format' must be 'horovod-airflow/fileset-v1'" in proc.stderr
+    assert "'format' must be one of horovod-airflow/fileset-v2" in proc.stderr

@@ -36,7 +36,7 @@ def test_stage_files_is_content_addressed_idempotent_and_verified_on_fetch(s3_se
     assert first["files"] == ["a.npy", "b.npy"]
     assert first["uploaded"] == ["a.npy", "b.npy", "manifest.json"]
     staged = fileset.read_manifest(first["uri"], client=client)
-    assert staged == manifest and staged["format"] == "horovod-airflow/fileset-v1"
+    assert staged == manifest and staged["format"] == "horovod-airflow/fileset-v2"
 
     again = stage_files(str(src), f"s3://{bucket}", name="sig", patterns=["*.npy"], client=client)
     assert again["uri"] == first["uri"] and again["uploaded"] == []
@@ -69,7 +69,7 @@ def test_stage_files_refuses_bad_sources_and_patterns_naming_them(tmp_path):
     with pytest.raises(ValueError, match="'vendored' is the bundled MNIST"):
         StageDatasetOperator(task_id="s", source="vendored", bucket_uri="s3://b",
                              dataset_name="sig", files=["*.npy"])  # fmt: skip
-    with pytest.raises(DatasetError, match="'format' must be 'horovod-airflow/fileset-v1'"):
+    with pytest.raises(DatasetError, match="'format' must be one of horovod-airflow/fileset-v2, "):
         fileset.parse_manifest(json.dumps({"format": "horovod-airflow/dataset-v1"}))
 
 

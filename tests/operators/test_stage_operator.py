@@ -6,6 +6,7 @@ import pytest
 
 from horovod_airflow.core import layout
 from horovod_airflow.operators import StageDatasetOperator
+from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.staging import stage_dataset
 from tests.operators.helpers import undocumented_template_fields
 
@@ -56,8 +57,9 @@ def test_stages_through_the_connection_and_a_retry_uploads_nothing(
 
     again = op.execute({})
     assert again == {**first, "uploaded": []}
-    # The operator returns exactly what the staging function returns.
-    direct = stage_dataset(str(mnist_subset), f"s3://{bucket}", name="digits", client=client)
+    # The operator returns exactly what the staging function returns (with its default checks).
+    direct = stage_dataset(str(mnist_subset), f"s3://{bucket}", name="digits", client=client,
+                           checks=DataChecks())  # fmt: skip
     assert direct == again
 
 

@@ -6,7 +6,9 @@ given this model's own pieces:
 
 1. **stage_dataset**: `StageDatasetOperator(files=["*.npy"])` stages the example's `.npy`
    files (`examples/waveforms/dataset/`) as a content-addressed file set at
-   `s3://<bucket>/datasets/waveforms/<hash16>/`.
+   `s3://<bucket>/datasets/waveforms/<hash16>/`, after its data checks against the previous
+   one (each `.npy` file's samples, shapes, dtypes and duplicates, the class balance of the
+   label files: `examples.waveforms.settings.DATA_CHECKS`).
 2. **train**: `HorovodTrainOperator(entrypoint=python -m examples.waveforms.train)`, 2 ranks by
    default, allreduced exact metrics in `metrics.json`.
 3. **gate**: `ModelGateOperator` against the published `waveform_cnn`; a champion measured
