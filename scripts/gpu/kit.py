@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEVICE_PACKAGES = REPO / "scripts" / "gpu" / "device-packages.txt"
 LOCK = REPO / "requirements" / "lock.txt"
 PYPROJECT = REPO / "pyproject.toml"
-TRAINER = REPO / "trainer"
+#: What a rank runs: the trainer and the core it imports (horovod_airflow.core: storage is boto3).
+RANK_CODE = (REPO / "trainer", REPO / "core")
 HOROVOD_VERSION = "0.28.1"
 # gloo's CMakeLists (in Horovod 0.28.1) ask for a cmake_minimum_required that cmake 4 refuses.
 CMAKE_VERSION = "3.31.10"
@@ -73,11 +74,12 @@ def device_packages(path: Path = DEVICE_PACKAGES) -> set[str]:
     return {normalize(n) for n in names if n}
 
 
-def trainer_imports(folder: Path = TRAINER) -> set[str]:
-    """Top-level names of the modules the trainer's code imports, the standard library and the
-    project itself left out (imports inside functions included: they run too)."""
+def trainer_imports(folders: tuple[Path, ...] = RANK_CODE) -> set[str]:
+    """Top-level names of the modules a rank's code (the trainer and the core) imports, the
+    standard library and the project itself left out (imports inside functions included: they
+    run too)."""
     found: set[str] = set()
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(p for folder in folders for p in folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found.update(alias.name.split(".")[0] for alias in node.names)
