@@ -12,7 +12,11 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from horovod_airflow.operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
+from horovod_airflow.operators.launchers.kubernetes.client import (
+    API_BACKOFF_S,
+    API_RETRIES,
+    ApiRetry,
+)
 
 
 class MPIJobTrigger(BaseTrigger):

@@ -64,7 +64,12 @@ def test_the_wheel_holds_horovod_airflow_alone(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"horovod_airflow"}
-    for module in ("trainer/contract.py", "trainer/__main__.py", "operators/launchers/local.py"):
+    for module in (
+        "trainer/contract.py",
+        "trainer/__main__.py",
+        "operators/launchers/local.py",
+        "operators/launchers/kubernetes/launcher.py",  # a package inside the package
+    ):
         assert f"horovod_airflow/{module}" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

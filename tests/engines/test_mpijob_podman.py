@@ -78,7 +78,7 @@ def execute(
     if cluster is None:
         return op.execute(ctx or context())
     with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=cluster
+        "horovod_airflow.operators.launchers.kubernetes.client.KubernetesHook", return_value=cluster
     ):
         return op.execute(ctx or context())
 
