@@ -33,7 +33,11 @@ from horovod_airflow.operators.launchers.kubernetes import (
     build_mpijob,
     mpijob_phase,
 )
-from horovod_airflow.operators.launchers.kubernetes.client import ApiRetry
+from horovod_airflow.operators.launchers.kubernetes.client import (
+    api_error_message,
+    api_retrying,
+    is_transient,
+)
 from horovod_airflow.operators.launchers.kubernetes.manifests import (
     POD_SECURITY,
     SSH_AUTH_MOUNT_PATH,
@@ -990,7 +994,7 @@ def test_a_job_of_an_earlier_try_that_never_goes_away_fails_the_launch():
     hook.objects["hvd-train-1234"] = {}
     hook.linger = 10**6
     with (
-        mock.patch("horovod_airflow.operators.launchers.kubernetes.launcher.DELETE_WAIT_S", 0.05),
+        mock.patch("horovod_airflow.operators.launchers.kubernetes.client.DELETE_WAIT_S", 0.05),
         pytest.raises(HorovodLaunchError, match="still being deleted after 0s; this try does"),
     ):
         launcher(hook).submit(spec(), LineLog())
@@ -1103,13 +1107,38 @@ def reset() -> Exception:
     return urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104))
 
 
+def _looks(answers: list[Any], log: Any = None, **retry: Any) -> tuple[Any, list[float], int]:
+    """(the result or the error, the backoffs slept, how many looks) of one retried look that
+    meets ``answers`` (exceptions are raised) in turn."""
+    log = log or LineLog()
+    sleeps: list[float] = []
+    looks = 0
+
+    def look() -> Any:
+        nonlocal looks
+        answer = answers[min(looks, len(answers) - 1)]
+        looks += 1
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    try:
+        result = api_retrying(log.warning, sleep=sleeps.append, **retry)(look)
+    except Exception as e:
+        result = e
+    return result, sleeps, looks
+
+
 def test_the_backoff_doubles_is_capped_resets_and_gives_up():
-    retry = ApiRetry(retries=7, backoff=1.0, max_backoff=30.0)
     error = ApiException(status=503)
-    assert [retry.delay(error) for _ in range(8)] == [1, 2, 4, 8, 16, 30, 30, None]
-    assert "8 Kubernetes API errors in a row" in retry.describe(error)
-    retry.reset()
-    assert retry.delay(ApiException(status=429)) == 1
+    log = LineLog()
+    gave_up, sleeps, looks = _looks([error], log, retries=7, backoff=1.0, max_backoff=30.0)
+    assert sleeps == [1, 2, 4, 8, 16, 30, 30] and looks == 8
+    assert log.lines[0].startswith("Kubernetes API error, next look in 1.0s: (503)")
+    assert len(log.lines) == 7
+    assert "8 Kubernetes API errors in a row" in api_error_message(gave_up)
+    # each look starts afresh
+    assert _looks([ApiException(status=429), "ok"], retries=7, backoff=1.0)[:2] == ("ok", [1])
 
 
 @pytest.mark.parametrize(
@@ -1132,9 +1161,11 @@ def test_the_backoff_doubles_is_capped_resets_and_gives_up():
     ids=repr,
 )
 def test_which_api_errors_are_retried(error, transient):
-    retry = ApiRetry(retries=3, backoff=0.5)
-    assert (retry.delay(error) == 0.5) is transient
-    assert (retry.delay(error) is None) is not transient  # a 4xx never gets a second look
+    assert is_transient(error) is transient
+    result, sleeps, looks = _looks([error], retries=3, backoff=0.5)
+    assert (sleeps == [0.5, 1, 2] and looks == 4) is transient
+    assert (sleeps == [] and looks == 1) is not transient  # a 4xx never gets a second look
+    assert (result is error) is not transient  # raised as it is, for the caller to name
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from horovod_airflow.operators.command import Host, rank_env_file_text
+from horovod_airflow.operators.command import Host
 from horovod_airflow.operators.exceptions import (
     HorovodImageError,
     HorovodLaunchError,
@@ -25,21 +25,13 @@ from horovod_airflow.operators.launchers.base import (
 )
 from horovod_airflow.operators.launchers.kubernetes import client
 from horovod_airflow.operators.launchers.kubernetes.api import (
-    TRAINING_RUNTIME,
     TRAINJOB,
-    Resource,
     flavour,
 )
-from horovod_airflow.operators.launchers.kubernetes.client import ApiRetry
 from horovod_airflow.operators.launchers.kubernetes.logs import LauncherLog
 from horovod_airflow.operators.launchers.kubernetes.manifests import (
-    SECRET_KEY,
     build_mpijob,
     build_trainjob,
-    job_labels,
-    mpijob_hosts,
-    runtime_hosts,
-    secret_name,
 )
 from horovod_airflow.operators.launchers.kubernetes.options import KubernetesOptions
 from horovod_airflow.operators.launchers.kubernetes.overrides import (
@@ -48,8 +40,6 @@ from horovod_airflow.operators.launchers.kubernetes.overrides import (
     apply_overrides,
 )
 from horovod_airflow.operators.launchers.kubernetes.pods import IMAGE_FAILURES, pod_start_failure
-
-DELETE_WAIT_S = 300.0  # how long a retry waits for the earlier try's job to be deleted
 
 
 class KubernetesLauncher(Launcher):
@@ -74,16 +64,20 @@ class KubernetesLauncher(Launcher):
         self.slots_per_worker = options.slots_per_worker
         self.poll_interval = options.poll_interval
         self.cleanup = options.cleanup
-        self._hook = hook
+        self.client = client.JobClient(
+            self.flavour,
+            conn_id=options.kubernetes_conn_id,
+            hook=hook,
+            poll_interval=self.poll_interval,
+        )
         self._ref: dict[str, str] | None = None
         self._claimed: dict[str, str] | None = None  # the names submit() creates
         self._killed = False  # kill() ran while submit() was creating the job
 
     @property
     def hook(self) -> Any:
-        if self._hook is None:
-            self._hook = client.KubernetesHook(conn_id=self.kubernetes_conn_id)
-        return self._hook
+        """The provider's ``KubernetesHook`` (made on first use)."""
+        return self.client.hook
 
     @property
     def namespace(self) -> str:
@@ -148,20 +142,17 @@ class KubernetesLauncher(Launcher):
         running; return ``{"name", "namespace"}``.
 
         The name is the same for every try (``horovod_airflow.operators.job.job_name``), so two
-        jobs of one
-        task instance never write one output: a running one is waited for, not duplicated; a
-        finished one (kept by ``cleanup``) is deleted before the new one is created; and a
-        job that appears meanwhile (409 on create) is re-attached to.
+        jobs of one task instance never write one output: a running one is waited for, not
+        duplicated; a finished one (kept by ``cleanup``) is deleted before the new one is
+        created; and a job that appears meanwhile (409 on create) is re-attached to.
         """
-        from kubernetes.client.exceptions import ApiException
-
         ns = self.namespace
         ref = {"name": spec.name, "namespace": ns}
         kind = self.kind
         # What kill() deletes while this try has no job yet: the names are deterministic, so
         # a kill between here and _ref still reaches whatever the create makes.
         self._claimed = ref
-        existing = self.find(ref)
+        existing = self.client.find(ref)
         if existing is not None:
             phase, message = self.flavour.phase(existing)
             meta = existing.get("metadata") or {}
@@ -199,201 +190,30 @@ class KubernetesLauncher(Launcher):
                 "being deleted" if meta.get("deletionTimestamp") else phase,
                 f": {message}" if message else "",
             )
-            self.delete(ref)
-            self.wait_until_gone(ref)
-        *dependents, body = self.manifests(spec)
-        if spec.secret_env:
-            self.create_secret(spec, ns)
-        try:
-            for resource, dependent in zip(self.flavour.dependents, dependents, strict=True):
-                self.create_dependent(resource, dependent, ns)
-            created = self.hook.create_custom_object(
-                **self.flavour.job.args(), body=body, namespace=ns
+            self.client.delete(ref)
+            self.client.wait_until_gone(ref)
+        created = self.client.create(spec, self.manifests(spec), ns, log)
+        if created is None:  # made between the look-up and the create: the same instance's
+            log.warning(
+                "%s %s/%s appeared while this try created it: re-attaching to it",
+                kind,
+                ns,
+                spec.name,
             )
-        except ApiException as e:
-            if e.status == 409:  # made between the look-up and the create: the same instance's
-                log.warning(
-                    "%s %s/%s appeared while this try created it: re-attaching to it",
-                    kind,
-                    ns,
-                    spec.name,
-                )
-                self._ref = ref
-                return dict(ref)
-            self.abandon(spec, ns, log)
-            raise HorovodLaunchError(f"cannot create {kind} {spec.name!r} in {ns!r}: {e}") from e
-        except Exception as e:
-            self.abandon(spec, ns, log)
-            raise HorovodLaunchError(f"cannot create {kind} {spec.name!r} in {ns!r}: {e}") from e
+            self._ref = ref
+            return dict(ref)
         self._ref = ref
         if self._killed:  # on_kill ran during the create: what it made must not stay
             self._ref = None
-            self.delete(ref)
+            self.client.delete(ref)
             raise HorovodLaunchError(f"the task was killed while {kind} {spec.name!r} was created")
-        uid = (created or {}).get("metadata", {}).get("uid") if isinstance(created, dict) else None
+        uid = (created.get("metadata") or {}).get("uid")
         # The uid fences a re-attach: a job re-created under this name has another one.
         self.journal.record(self.name, kind=kind, name=spec.name, namespace=ns, id=uid)
         if uid:
-            self.own(spec, ns, uid, log)
+            self.client.own(spec, ns, uid, log)
         log.info("submitted %s %s/%s (%d ranks)", kind, ns, spec.name, spec.num_proc)
         return dict(ref)
-
-    def create_dependent(self, resource: Resource, body: dict[str, Any], namespace: str) -> None:
-        """Create an object the job needs first (its TrainingRuntime). One of this name is left
-        from an earlier try whose job is gone: it is replaced (the job is deterministic, but
-        the image or the command may have changed since)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.hook.create_custom_object(**resource.args(), body=body, namespace=namespace)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-            self.delete_dependent(
-                resource, {"name": body["metadata"]["name"], "namespace": namespace}
-            )
-            self.hook.create_custom_object(**resource.args(), body=body, namespace=namespace)
-
-    def own(self, spec: JobSpec, namespace: str, uid: str, log: Any) -> None:
-        """Make the job own its Secret and its dependents: they die with it (Kubernetes garbage
-        collection), whatever deletes it."""
-        owner = {
-            "metadata": {
-                "ownerReferences": [
-                    {
-                        "apiVersion": self.flavour.job.api_version,
-                        "kind": self.kind,
-                        "name": spec.name,
-                        "uid": uid,
-                    }
-                ]
-            }
-        }
-        if spec.secret_env:
-            try:
-                self.hook.core_v1_client.patch_namespaced_secret(
-                    name=secret_name(spec.name), namespace=namespace, body=owner
-                )
-            except Exception as e:
-                log.warning("could not make the %s own its Secret: %s", self.kind, e)
-        for resource in self.flavour.dependents:
-            try:
-                self.hook.custom_object_client.patch_namespaced_custom_object(
-                    **resource.args(), name=spec.name, namespace=namespace, body=owner
-                )
-            except Exception as e:
-                log.warning("could not make the %s own its %s: %s", self.kind, resource.kind, e)
-
-    def abandon(self, spec: JobSpec, namespace: str, log: Any) -> None:
-        """After a failed create: nothing of the job may stay, the job included (a create
-        whose response timed out may have been accepted: its pods would wait on a deleted
-        Secret until the startup timeout)."""
-        ref = {"name": spec.name, "namespace": namespace}
-        for resource in (self.flavour.job, *self.flavour.dependents):
-            try:
-                self.delete_dependent(resource, ref)
-            except Exception as cleanup_error:
-                log.warning(
-                    "could not delete %s %s/%s after the failed create: %s",
-                    resource.kind,
-                    namespace,
-                    spec.name,
-                    cleanup_error,
-                )
-        self.abandon_secret(spec, namespace, log)
-
-    def create_secret(self, spec: JobSpec, namespace: str) -> None:
-        """Create the job's credential Secret; one left from an earlier try gets this try's
-        credentials (a running job of this instance reads the same connection's)."""
-        from kubernetes.client.exceptions import ApiException
-
-        core = self.hook.core_v1_client
-        data = {SECRET_KEY: rank_env_file_text(spec.secret_env)}
-        try:
-            try:
-                core.create_namespaced_secret(
-                    namespace=namespace,
-                    body={
-                        "apiVersion": "v1",
-                        "kind": "Secret",
-                        "metadata": {
-                            "name": secret_name(spec.name),
-                            "namespace": namespace,
-                            "labels": job_labels(spec),
-                        },
-                        "type": "Opaque",
-                        "stringData": data,
-                    },
-                )
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-                core.patch_namespaced_secret(
-                    name=secret_name(spec.name),
-                    namespace=namespace,
-                    body={"metadata": {"labels": job_labels(spec)}, "stringData": data},
-                )
-        except Exception as e:
-            raise HorovodLaunchError(
-                f"cannot create Secret {secret_name(spec.name)!r} in {namespace!r}: {e}"
-            ) from e
-
-    def abandon_secret(self, spec: JobSpec, namespace: str, log: Any) -> None:
-        """After a failed create: a Secret without its job would hold credentials forever."""
-        if not spec.secret_env:
-            return
-        try:
-            self.delete_secret({"name": spec.name, "namespace": namespace})
-        except Exception as cleanup_error:
-            log.warning(
-                "could not delete Secret %s/%s after the failed create: %s",
-                namespace,
-                secret_name(spec.name),
-                cleanup_error,
-            )
-
-    def find(
-        self, ref: Mapping[str, str], resource: Resource | None = None
-    ) -> dict[str, Any] | None:
-        """The job (or the ``resource``) named ``ref``, or None when there is none."""
-        from kubernetes.client.exceptions import ApiException
-
-        resource = resource or self.flavour.job
-        try:
-            obj = self.hook.get_custom_object(
-                **resource.args(), name=ref["name"], namespace=ref["namespace"]
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise HorovodLaunchError(
-                f"cannot look up {resource.kind} {ref['namespace']}/{ref['name']}: {e}"
-            ) from e
-        return dict(obj or {})
-
-    def hosts(self, ref: Mapping[str, str]) -> list[Host]:
-        """The ``-H`` hosts of the job's launcher command (to name a failed rank's pod)."""
-        if self.flavour.job is TRAINJOB:
-            return runtime_hosts(self.find(ref, TRAINING_RUNTIME))
-        return mpijob_hosts(self.find(ref))
-
-    def wait_until_gone(self, ref: Mapping[str, str], timeout: float | None = None) -> None:
-        """Wait for a deleted job to be gone (foreground deletion removes its pods first)."""
-        timeout = DELETE_WAIT_S if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while self.find(ref) is not None:
-            if time.monotonic() > deadline:
-                raise HorovodLaunchError(
-                    f"{self.kind} {ref['namespace']}/{ref['name']} of an earlier try is still "
-                    f"being deleted after {timeout:.0f}s; this try does not start a second job"
-                )
-            time.sleep(min(self.poll_interval, 5.0))
-
-    def status(self, ref: Mapping[str, str]) -> tuple[str, str]:
-        obj = self.hook.get_custom_object(
-            **self.flavour.job.args(), name=ref["name"], namespace=ref["namespace"]
-        )
-        return self.flavour.phase(obj)
 
     def poll(
         self,
@@ -409,7 +229,7 @@ class KubernetesLauncher(Launcher):
         :class:`horovod_airflow.operators.triggers.MPIJobTrigger`;
         API errors propagate (the caller retries transient ones).
         """
-        phase, message = self.status(ref)
+        phase, message = self.client.status(ref)
         if phase != "running":
             status = "success" if phase == "succeeded" else "failed"
             return {"status": status, "message": message, **ref}
@@ -421,11 +241,8 @@ class KubernetesLauncher(Launcher):
                 **ref,
             }
         if not self._started:  # until the launcher pod runs: fail fast on start failures
-            pods = self.hook.core_v1_client.list_namespaced_pod(
-                namespace=ref["namespace"], label_selector=self.flavour.pod_selector(ref["name"])
-            )
             failure, self._started = pod_start_failure(
-                getattr(pods, "items", None) or [],
+                self.client.pods(ref),
                 ref["name"],
                 elapsed=time.time() - started_at,
                 startup_timeout=startup_timeout,
@@ -459,25 +276,20 @@ class KubernetesLauncher(Launcher):
     def _wait(self, spec: JobSpec, ref: Mapping[str, str], log: Any) -> dict[str, Any]:
         """Poll until the job ends; the event that ends it."""
         started_at = time.time()
-        retry = ApiRetry()
+        look = client.api_retrying(log.warning)
         while True:
             if self._ref is None:
                 raise HorovodTrainingError(f"{self.kind} {ref['name']!r} was deleted (on_kill)")
             try:
-                event = self.poll(
+                event = look(
+                    self.poll,
                     ref,
                     started_at=started_at,
                     timeout=spec.timeout,
                     startup_timeout=self.startup_timeout,
                 )
-            except Exception as e:
-                delay = retry.delay(e)
-                if delay is None:
-                    return {"status": "error", "message": retry.describe(e), **ref}
-                log.warning("Kubernetes API error, next look in %.0fs: %s", delay, e)
-                time.sleep(delay)
-                continue
-            retry.reset()
+            except Exception as e:  # not transient, or too many in a row
+                return {"status": "error", "message": client.api_error_message(e), **ref}
             if event is not None:
                 return event
             time.sleep(self.poll_interval)
@@ -522,7 +334,7 @@ class KubernetesLauncher(Launcher):
         hosts: list[Host] = []
         if not success:  # before any deletion: the job's -H list names the failed rank's pod
             try:
-                hosts = self.hosts(ref)
+                hosts = self.client.hosts(ref)
             except Exception as e:
                 log.warning(
                     "could not read %s %s to name the failed pod: %s", self.kind, ref["name"], e
@@ -532,7 +344,7 @@ class KubernetesLauncher(Launcher):
         stuck = status in ("not_started", "timeout")
         if stuck or self.cleanup == "delete" or (self.cleanup == "delete_on_success" and success):
             try:
-                self.delete(ref)
+                self.client.delete(ref)
             except Exception as e:
                 # Never a task failure: after a success the work is done; after a failure
                 # that failure is what the task reports (a retry re-attaches or replaces).
@@ -561,7 +373,7 @@ class KubernetesLauncher(Launcher):
             # The job is kept for inspection, but its credentials never outlive it: the pods
             # have finished and the launcher's log is in the task log already.
             try:
-                self.delete_secret(ref)
+                self.client.delete_secret(ref)
             except Exception as e:
                 log.warning("could not delete Secret of %s: %s", ref["name"], e)
         if success:
@@ -592,45 +404,10 @@ class KubernetesLauncher(Launcher):
             log_tail=out.tail(),
         )
 
-    def delete(self, ref: Mapping[str, str]) -> None:
-        """Delete the job (its pods go with it), its dependents and its Secret; absent ones
-        are fine."""
-        self.delete_dependent(self.flavour.job, ref)
-        for resource in self.flavour.dependents:
-            self.delete_dependent(resource, ref)
-        self.delete_secret(ref)
-
-    def delete_dependent(self, resource: Resource, ref: Mapping[str, str]) -> None:
-        """Delete one object (foreground: its own dependents first); an absent one is fine."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.hook.delete_custom_object(
-                **resource.args(),
-                name=ref["name"],
-                namespace=ref["namespace"],
-                propagation_policy="Foreground",
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
-    def delete_secret(self, ref: Mapping[str, str]) -> None:
-        """Delete the job's credential Secret; an absent one is fine."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.hook.core_v1_client.delete_namespaced_secret(
-                name=secret_name(ref["name"]), namespace=ref["namespace"]
-            )
-        except ApiException as e:
-            if e.status != 404:  # 404: none was created, or garbage-collected with the job
-                raise
-
     def kill(self) -> None:
         if self._claimed is not None and self._ref is None:
             self._killed = True  # during submit: it must not leave what it creates next
         ref, self._ref = self._ref, None
         ref = ref or self._claimed  # killed during submit: delete what it may have made
         if ref is not None:
-            self.delete(ref)
+            self.client.delete(ref)
