@@ -44,15 +44,13 @@ from horovod_airflow.operators.command import (
 from horovod_airflow.operators.exceptions import (
     HorovodLaunchError,
     HorovodPreflightError,
-    HorovodTimeoutError,
-    HorovodTrainingError,
 )
 from horovod_airflow.operators.launchers.base import (
     JobResult,
     JobSpec,
     Launcher,
     LogTail,
-    describe_failure,
+    end_of_job,
 )
 
 DEFAULT_KILL_GRACE_S = 15.0
@@ -514,25 +512,14 @@ class LocalLauncher(Launcher):
                 shutil.rmtree(secret_dir, ignore_errors=True)
         # A job that stopped must leave nothing behind, even if horovodrun died abruptly.
         self._reap_leftovers()
-        if self._timed_out:
-            raise HorovodTimeoutError(
-                f"job {spec.name!r} ran longer than timeout={spec.timeout}s and was stopped",
-                timeout=float(spec.timeout or 0),
-                log_tail=out.tail(),
-            )
-        if self._killed:
-            raise HorovodTrainingError(
-                f"job {spec.name!r} was killed (exit code {exit_code})",
-                exit_code=exit_code,
-                log_tail=out.tail(),
-            )
-        if exit_code != 0:
-            raise HorovodTrainingError(
-                describe_failure(spec.name, exit_code, out.tail(), self.hosts),
-                exit_code=exit_code,
-                log_tail=out.tail(),
-            )
-        return JobResult(exit_code=0, log_tail=out.tail())
+        return end_of_job(
+            spec.name,
+            exit_code,
+            out.tail(),
+            hosts=self.hosts,
+            timed_out=float(spec.timeout or 0) if self._timed_out else None,
+            stopped=self._killed,
+        )
 
     # --- stop -------------------------------------------------------------------------
     def _on_timeout(self) -> None:

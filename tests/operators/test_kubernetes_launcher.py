@@ -373,20 +373,19 @@ def test_a_launcher_pods_log_naming_a_refusal_fails_without_retry():
     """The launcher pod's horovodrun output names the first failed rank's exit code; 2 or 3
     (the program refused) is final, anything else stays retryable."""
     from horovod_airflow.operators import HorovodRefusedError
-    from horovod_airflow.operators.job import refusals_not_retried
 
     refusal = "[1]<stderr>:trainer: error: ResumeMismatchError: batch_size: checkpoint 64, now 32"
-    refused_tail = [refusal, "Process name: 1", "Exit code: 3"]
-    crashed_tail = [refusal, "Process name: 1", "Exit code: 137"]
-    with (
-        pytest.raises(HorovodRefusedError, match="exit code 3: the program refused") as refused,
-        refusals_not_retried(),
-    ):
-        raise HorovodTrainingError("job 'x' failed", exit_code=1, log_tail=refused_tail)
+    refused_log = "\n".join([refusal, "Process name: 1", "Exit code: 3"])
+    crashed_log = "\n".join([refusal, "Process name: 1", "Exit code: 137"])
+    with pytest.raises(HorovodRefusedError, match="exit code 3: the program refused") as refused:
+        launcher(FakeHook([RUNNING, FAILED], log_text=refused_log)).run(spec(), LineLog())
     assert isinstance(refused.value, AirflowFailException)
-    with pytest.raises(HorovodTrainingError) as crashed, refusals_not_retried():
-        raise HorovodTrainingError("job 'x' failed", exit_code=1, log_tail=crashed_tail)
+    assert refusal in refused.value.log_tail and "BackoffLimitExceeded" in str(refused.value)
+    assert str(refused.value).count(refusal) == str(refused.value.__cause__).count(refusal)
+    with pytest.raises(HorovodTrainingError) as crashed:
+        launcher(FakeHook([RUNNING, FAILED], log_text=crashed_log)).run(spec(), LineLog())
     assert not isinstance(crashed.value, AirflowFailException)
+    assert "rank 1 failed first (exit code 137)" in str(crashed.value)
 
 
 @pytest.mark.parametrize(

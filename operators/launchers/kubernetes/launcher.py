@@ -11,7 +11,6 @@ from horovod_airflow.operators.command import Host
 from horovod_airflow.operators.exceptions import (
     HorovodImageError,
     HorovodLaunchError,
-    HorovodTimeoutError,
     HorovodTrainingError,
     JobNotOursError,
 )
@@ -20,7 +19,7 @@ from horovod_airflow.operators.launchers.base import (
     JobSpec,
     Launcher,
     LogTail,
-    describe_failure,
+    end_of_job,
     made_by_this_task,
 )
 from horovod_airflow.operators.launchers.kubernetes import client
@@ -376,8 +375,7 @@ class KubernetesLauncher(Launcher):
                 self.client.delete_secret(ref)
             except Exception as e:
                 log.warning("could not delete Secret of %s: %s", ref["name"], e)
-        if success:
-            return JobResult(exit_code=0, log_tail=out.tail())
+        what = f"{self.kind} {ref['namespace']}/{ref['name']}"
         if status == "not_started":
             message = str(event.get("message") or "")
             error = (
@@ -386,22 +384,16 @@ class KubernetesLauncher(Launcher):
                 else HorovodLaunchError
             )
             raise error(
-                f"{self.kind} {ref['namespace']}/{ref['name']} did not start (deleted): "
-                f"{event.get('message')}",
-                log_tail=out.tail(),
+                f"{what} did not start (deleted): {event.get('message')}", log_tail=out.tail()
             )
-        if status == "timeout":
-            raise HorovodTimeoutError(
-                f"{self.kind} {ref['name']!r} did not finish in time: {event.get('message')}",
-                timeout=float(timeout or event.get("timeout") or 0),
-                log_tail=out.tail(),
-            )
-        message = describe_failure(ref["name"], 1, out.tail(), hosts)
-        raise HorovodTrainingError(
-            f"{self.kind} {ref['namespace']}/{ref['name']} {status}: {event.get('message')}; "
-            f"{message}",
-            exit_code=None,
-            log_tail=out.tail(),
+        return end_of_job(
+            ref["name"],
+            0 if success else None,  # an MPIJob has no exit code: its launcher's log names one
+            out.tail(),
+            what=what,
+            hosts=hosts,
+            timed_out=float(timeout or event.get("timeout") or 0) if status == "timeout" else None,
+            failure=f"{what} {status}: {event.get('message')}",
         )
 
     def kill(self) -> None:
