@@ -77,7 +77,8 @@ def api_retrying(
     a transient error (:func:`is_transient`) is looked at again after ``backoff`` seconds,
     doubling up to ``max_backoff``, at most ``retries`` times in a row (each look starts
     afresh); it gives up with ``tenacity.RetryError``, and any other error is raised at once.
-    ``warn`` logs each retry; ``kwargs`` go to tenacity (``sleep``)."""
+    ``retries`` and ``backoff`` default to ``API_RETRIES`` and ``API_BACKOFF_S`` as they are
+    when the policy is made. ``warn`` logs each retry; ``kwargs`` go to tenacity (``sleep``)."""
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
