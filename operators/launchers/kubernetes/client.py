@@ -208,14 +208,9 @@ class JobClient:
             created = self.hook.create_custom_object(
                 **self.flavour.job.args(), body=body, namespace=namespace
             )
-        except ApiException as e:
-            if e.status == 409:
-                return None
-            self.abandon(spec, namespace, log)
-            raise HorovodLaunchError(
-                f"cannot create {kind} {spec.name!r} in {namespace!r}: {e}"
-            ) from e
         except Exception as e:
+            if isinstance(e, ApiException) and e.status == 409:
+                return None
             self.abandon(spec, namespace, log)
             raise HorovodLaunchError(
                 f"cannot create {kind} {spec.name!r} in {namespace!r}: {e}"
