@@ -394,7 +394,7 @@ def test_a_retry_while_the_first_try_still_runs_reattaches_and_starts_no_second_
 
     def with_severable_hook(*args: Any, **kwargs: Any) -> Any:
         launcher = make_launcher(*args, **kwargs)
-        launcher._hook = severed
+        launcher.client._hook = severed  # the cluster client made on first use
         return launcher
 
     first.make_launcher = with_severable_hook  # type: ignore[method-assign]

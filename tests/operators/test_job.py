@@ -231,7 +231,7 @@ def test_every_kubernetes_option_reaches_the_job(api, unused):
     op = _train(launcher="kubernetes", image="hva/trainer:1", kubernetes=options)
     spec = op.build_spec(context())
     launcher = op.make_launcher()
-    launcher._hook = FakeHook([])
+    launcher.client._hook = FakeHook([])
     body = launcher.manifest(spec)
     assert body["kind"] == {"mpijob": "MPIJob", "trainjob": "TrainJob"}[api]
     # the pod probes read MPIJob pods; the TrainJob's pods are the same (test_trainjob_launcher)

@@ -907,7 +907,7 @@ def test_a_templated_launcher_uses_the_options_of_the_one_it_renders_to():
     job = op.build_spec(context())
     kl = op.make_launcher()
     assert isinstance(kl, KubernetesLauncher) and kl.options.namespace == "ml"
-    kl._hook = FakeHook([])
+    kl.client._hook = FakeHook([])
     pod = kl.manifest(job)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu": "h200"}
     op.launcher = "slurm"
