@@ -287,7 +287,7 @@ class DockerLauncher(Launcher):
             out.tail(),
             what=f"container {spec.name!r}",
             timed_out=timed_out,
-            stopped=self._stopped and timed_out is None,
+            stopped=self._stopped,
         )
 
     def _create_or_reattach(self, spec: JobSpec, log: Any) -> tuple[str, bool]:
