@@ -254,7 +254,7 @@ DATASETS_DIR = "datasets"
 #: ``gate.json``, ``onnx/``); ``run_key`` is ``model_registry.safe_key(run_id)``.
 RUNS_DIR = "runs"
 #: ``models/<model>/<version>/`` (``manifest.json`` written last) and
-#: ``models/<model>/latest.json``: the registry (``operators/model_registry.py``).
+#: ``models/<model>/latest.json``: the registry (``operators/model_registry/``).
 MODELS_DIR = "models"
 #: How many characters of the content hash name a staged prefix.
 HASH_PREFIX_CHARS = 16

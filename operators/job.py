@@ -6,24 +6,21 @@ cncf-kubernetes) are imported when first needed, so a DAG file parses in millise
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow.sdk import BaseOperator
 
-from horovod_airflow.core.contract import NO_RETRY_EXIT_CODES
 from horovod_airflow.operators.command import validate_env_name
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import (
     HorovodOperatorError,
-    HorovodRefusedError,
     HorovodTimeoutError,
     HorovodTrainingError,
 )
@@ -31,7 +28,6 @@ from horovod_airflow.operators.launchers.base import (
     JobJournal,
     JobSpec,
     Launcher,
-    failed_exit_code,
 )
 from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions
 from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
@@ -190,26 +186,6 @@ def moved_setting(name: str) -> str | None:
     )
     only = " and ".join(repr(launcher) for launcher in owners)
     return f"{name} is an option of launcher {only} only: pass {where}"
-
-
-@contextlib.contextmanager
-def refusals_not_retried() -> Iterator[None]:
-    """A job that failed because the program refused (exit 2 or 3, the contract's
-    ``NO_RETRY_EXIT_CODES``) raises :class:`HorovodRefusedError`, which Airflow does not retry;
-    any other failure stays a retryable :class:`HorovodTrainingError`."""
-    try:
-        yield
-    except HorovodTrainingError as e:
-        code = failed_exit_code(e)
-        if code in NO_RETRY_EXIT_CODES and not isinstance(e, HorovodRefusedError):
-            refused = HorovodRefusedError(
-                f"{e.args[0] if e.args else e}\n(exit code {code}: the program refused its "
-                f"inputs or settings; a retry would meet the same refusal, so none is made)",
-                exit_code=e.exit_code,
-            )  # the message already holds the output's tail: not added twice
-            refused.log_tail = list(e.log_tail)
-            raise refused from e
-        raise
 
 
 def check_launcher(launcher: Any, image: Any) -> None:
@@ -450,8 +426,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
                     method_name="execute_complete",
                     kwargs={"ref": ref},  # stored in the metadata DB: never secrets
                 )
-            with refusals_not_retried():
-                launcher.run(spec, self.log)
+            launcher.run(spec, self.log)
         finally:
             self._running = None
 
@@ -470,8 +445,7 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         """After the trigger fired: surface the job's output, clean up, raise on failure."""
         secrets = list(self.job_env()[1].values())  # to redact the job's output
         launcher = self.make_launcher()
-        with refusals_not_retried():
-            launcher.finish(dict(ref), dict(event), self.log, secrets=secrets)
+        launcher.finish(dict(ref), dict(event), self.log, secrets=secrets)
 
     def on_kill(self) -> None:
         """Stop the job this task started; a no-op when none runs (safe to call twice)."""

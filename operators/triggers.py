@@ -12,7 +12,12 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from horovod_airflow.operators.launchers.kubernetes import API_BACKOFF_S, API_RETRIES, ApiRetry
+from horovod_airflow.operators.launchers.kubernetes.client import (
+    API_BACKOFF_S,
+    API_RETRIES,
+    api_error_message,
+    api_retrying,
+)
 
 
 class MPIJobTrigger(BaseTrigger):
@@ -94,26 +99,26 @@ class MPIJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         ref = {"name": self.name, "namespace": self.namespace}
         launcher = self._launcher()
-        retry = ApiRetry(retries=self.api_retries, backoff=self.api_backoff)
+        look = api_retrying(
+            self.log.warning,
+            retries=self.api_retries,
+            backoff=self.api_backoff,
+            asynchronous=True,
+        )
         while True:
             try:
                 # The provider's sync client, off the event loop.
-                event = await asyncio.to_thread(
+                event = await look(
+                    asyncio.to_thread,
                     launcher.poll,
                     ref,
                     started_at=self.started_at,
                     timeout=self.timeout,
                     startup_timeout=self.startup_timeout,
                 )
-            except Exception as e:
-                delay = retry.delay(e)  # None: a 4xx, or too many errors in a row
-                if delay is None:
-                    yield TriggerEvent({"status": "error", "message": retry.describe(e), **ref})
-                    return
-                self.log.warning("Kubernetes API error, next look in %.1fs: %s", delay, e)
-                await asyncio.sleep(delay)
-                continue
-            retry.reset()
+            except Exception as e:  # a 4xx, or too many errors in a row
+                yield TriggerEvent({"status": "error", "message": api_error_message(e), **ref})
+                return
             if event is not None:
                 yield TriggerEvent(event)
                 return
@@ -123,4 +128,4 @@ class MPIJobTrigger(BaseTrigger):
         """Delete the job (its pods go with it) and its Secret: the deferred counterpart of
         ``HorovodTrainOperator.on_kill``. Airflow (3.3+) calls it only on a user's action."""
         ref = {"name": self.name, "namespace": self.namespace}
-        await asyncio.to_thread(self._launcher().delete, ref)
+        await asyncio.to_thread(self._launcher().client.delete, ref)

@@ -2,9 +2,9 @@
 
 A launcher gets a :class:`JobSpec` (the command, its environment, the credentials kept
 apart) and either returns a :class:`JobResult` for exit code 0 or raises a typed
-:mod:`horovod_airflow.operators.exceptions` error carrying the tail of the job's output. ``kill()``
-stops
-whatever it started and is a no-op when nothing runs (Airflow may call it twice).
+:mod:`horovod_airflow.operators.exceptions` error carrying the tail of the job's output: every
+launcher ends a job with :func:`end_of_job`, which says which. ``kill()`` stops whatever it
+started and is a no-op when nothing runs (Airflow may call it twice).
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from horovod_airflow.core.contract import NO_RETRY_EXIT_CODES
 from horovod_airflow.operators.command import redact
+from horovod_airflow.operators.exceptions import (
+    HorovodRefusedError,
+    HorovodTimeoutError,
+    HorovodTrainingError,
+)
 
 LOG_TAIL_LINES = 100
 #: The label naming the job on what a launcher creates (container, MPIJob, pods, Secret).
@@ -93,15 +99,18 @@ def failed_exit_code(error: Any) -> int | None:
 
 
 def describe_failure(
-    name: str, exit_code: int, lines: Sequence[str], hosts: Sequence[Any] = ()
+    name: str, exit_code: int | None, lines: Sequence[str], hosts: Sequence[Any] = ()
 ) -> str:
     """``job X exited with code 1: rank 1 (host h2) failed first (exit code 7): <its lines>``.
 
     horovodrun ends a failed run with "The first process to do so was: Process name: R /
     Exit code: C"; the rank's own last lines say why, so they lead the message. With
-    ``hosts`` (the ``-H`` list), the failing rank's host is named too.
+    ``hosts`` (the ``-H`` list), the failing rank's host is named too. ``exit_code`` None:
+    the job's own code is not known (``job X failed``).
     """
-    message = f"job {name!r} exited with code {exit_code}"
+    message = f"job {name!r} " + (
+        "failed" if exit_code is None else f"exited with code {exit_code}"
+    )
     found = _FIRST_FAILED.search("\n".join(lines))
     if found:
         rank = found.group(1)
@@ -112,6 +121,61 @@ def describe_failure(
         if own:
             message += "; its last lines:\n  " + "\n  ".join(own[-10:])
     return message
+
+
+def end_of_job(
+    name: str,
+    exit_code: int | None,
+    tail: Sequence[str],
+    *,
+    what: str | None = None,
+    hosts: Sequence[Any] = (),
+    timed_out: float | None = None,
+    stopped: bool = False,
+    failure: str = "",
+) -> JobResult:
+    """How every launcher ends a job that has ended: its :class:`JobResult` for exit code 0,
+    else the typed error, carrying ``tail`` (the output's last lines):
+
+    - ``timed_out`` (the deadline in seconds it ran past; it was stopped):
+      :class:`HorovodTimeoutError`;
+    - ``stopped`` (by ``kill()``, i.e. ``on_kill``): :class:`HorovodTrainingError`;
+    - any other ``exit_code`` (None: the job failed without a code of its own, as an MPIJob
+      does; ``failure`` then says how): :class:`HorovodTrainingError` whose message leads
+      with the first failed rank and its lines (:func:`describe_failure`, ``hosts`` naming
+      its host), or :class:`HorovodRefusedError` (not retried) when that rank's code says the
+      program refused its inputs or settings (the contract's ``NO_RETRY_EXIT_CODES``).
+
+    ``what`` names the job in the messages (default ``job 'name'``; ``container 'name'``...).
+    """
+    what = what or f"job {name!r}"
+    if timed_out is not None:
+        raise HorovodTimeoutError(
+            f"{what} ran longer than timeout={timed_out:g}s and was stopped",
+            timeout=timed_out,
+            log_tail=tail,
+        )
+    if stopped:
+        with_code = "" if exit_code is None else f", exit code {exit_code}"
+        raise HorovodTrainingError(
+            f"{what} was stopped (on_kill{with_code})", exit_code=exit_code, log_tail=tail
+        )
+    if exit_code == 0:
+        return JobResult(exit_code=0, log_tail=list(tail))
+    message = describe_failure(name, exit_code, tail, hosts)
+    error = HorovodTrainingError(
+        f"{failure}; {message}" if failure else message, exit_code=exit_code, log_tail=tail
+    )
+    code = failed_exit_code(error)
+    if code in NO_RETRY_EXIT_CODES:
+        refused = HorovodRefusedError(
+            f"{error.args[0]}\n(exit code {code}: the program refused its inputs or settings; "
+            f"a retry would meet the same refusal, so none is made)",
+            exit_code=exit_code,
+        )  # the message already holds the output's tail: not added twice
+        refused.log_tail = list(tail)
+        raise refused from error
+    raise error
 
 
 #: The key under which a try records the job it started in Airflow's task state store.

@@ -24,8 +24,6 @@ from horovod_airflow.operators.command import stash_secrets_script
 from horovod_airflow.operators.exceptions import (
     HorovodImageError,
     HorovodLaunchError,
-    HorovodTimeoutError,
-    HorovodTrainingError,
     JobNotOursError,
 )
 from horovod_airflow.operators.launchers.base import (
@@ -34,7 +32,7 @@ from horovod_airflow.operators.launchers.base import (
     JobSpec,
     Launcher,
     LogTail,
-    describe_failure,
+    end_of_job,
     made_by_this_task,
 )
 
@@ -248,6 +246,7 @@ class DockerLauncher(Launcher):
         out = LogTail(log, secrets=list(spec.secret_env.values()))
         client = self.client
         exit_code: int | None = None
+        timed_out: float | None = None
         try:
             self.ensure_image(log)  # outside the lock: on_kill must not wait for a pull
             with self._lock:
@@ -263,19 +262,15 @@ class DockerLauncher(Launcher):
             reader.start()
             try:
                 status = client.wait(cid, timeout=spec.timeout)
-            except RequestException as e:  # the wait's read timed out
+            except RequestException:  # the wait's read timed out
                 self._stop(cid)
                 reader.join(10)
-                raise HorovodTimeoutError(
-                    f"container {spec.name!r} ran longer than timeout={spec.timeout}s "
-                    f"and was stopped",
-                    timeout=float(spec.timeout or 0),
-                    log_tail=out.tail(),
-                ) from e
-            reader.join(30)
-            exit_code = int(status.get("StatusCode", -1))
-            if status.get("Error"):
-                out(f"engine error: {status['Error']}")
+                timed_out = float(spec.timeout or 0)
+            else:
+                reader.join(30)
+                exit_code = int(status.get("StatusCode", -1))
+                if status.get("Error"):
+                    out(f"engine error: {status['Error']}")
         except DockerException as e:
             raise HorovodLaunchError(
                 f"docker engine error for {spec.name!r}: {e}", log_tail=out.tail()
@@ -286,19 +281,14 @@ class DockerLauncher(Launcher):
                 holds_secrets=bool(spec.secret_env),
                 log=log,
             )
-        if self._stopped:
-            raise HorovodTrainingError(
-                f"container {spec.name!r} was stopped (on_kill)",
-                exit_code=exit_code,
-                log_tail=out.tail(),
-            )
-        if exit_code != 0:
-            raise HorovodTrainingError(
-                describe_failure(spec.name, exit_code, out.tail()),
-                exit_code=exit_code,
-                log_tail=out.tail(),
-            )
-        return JobResult(exit_code=0, log_tail=out.tail())
+        return end_of_job(
+            spec.name,
+            exit_code,
+            out.tail(),
+            what=f"container {spec.name!r}",
+            timed_out=timed_out,
+            stopped=self._stopped,
+        )
 
     def _create_or_reattach(self, spec: JobSpec, log: Any) -> tuple[str, bool]:
         """(container id, re-attached?). The name is the same for every try of a task

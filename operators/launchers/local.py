@@ -25,7 +25,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ from horovod_airflow.operators.command import (
     HOROVODRUN,
     RANK_ENV_FILE_VAR,
     Host,
-    check_forward_env,
     forwardable_environ,
     horovodrun_argv,
     parse_hosts,
@@ -44,18 +42,16 @@ from horovod_airflow.operators.command import (
 from horovod_airflow.operators.exceptions import (
     HorovodLaunchError,
     HorovodPreflightError,
-    HorovodTimeoutError,
-    HorovodTrainingError,
 )
 from horovod_airflow.operators.launchers.base import (
     JobResult,
     JobSpec,
     Launcher,
     LogTail,
-    describe_failure,
+    end_of_job,
 )
+from horovod_airflow.operators.launchers.local_options import LocalOptions
 
-DEFAULT_KILL_GRACE_S = 15.0
 #: Set in the environment of every job process (not a secret): the clean-up finds by it the
 #: processes that left the job's process tree (reparented when horovodrun died abruptly).
 JOB_MARKER_VAR = "HVA_LOCAL_JOB"
@@ -107,78 +103,6 @@ def _shebang_interpreter(script: str) -> str | None:
     if not first.startswith("#!") or " " in first[2:].strip():
         return None
     return first[2:].strip()
-
-
-#: horovodrun arguments the launcher sets itself (from num_proc, hosts, controller and the
-#: options below): refused in ``LocalOptions.horovodrun_args``.
-OWNED_HOROVODRUN_ARGS = frozenset(
-    {
-        "-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port",
-        "--ssh-identity-file", "-i", "--network-interface", "--network-interfaces",
-        "--gloo", "--mpi",
-    }
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LocalOptions:
-    """Settings of ``launcher="local"`` (horovodrun as a child of the Airflow worker).
-
-    :param hosts: ``"host:slots,..."`` or a list; None → ``localhost:<num_proc>``. Remote
-        hosts are reached by horovodrun over ssh. Training only: an export is one process
-        on the worker.
-    :param ssh_port / ssh_identity_file / network_interface: horovodrun's ``-p``,
-        ``--ssh-identity-file`` and ``--network-interface`` (training only).
-    :param horovodrun_args: extra horovodrun arguments placed before ``-np`` (e.g.
-        ``["--timeline-filename", "/tmp/t.json"]``); the ones the launcher sets itself
-        (``OWNED_HOROVODRUN_ARGS``: ranks, hosts, controller, ssh, interface) are refused.
-    :param rank_env_dir: folder of the private credentials file the ranks source; with
-        remote hosts it must be a folder all hosts share. None: a private temp dir.
-    :param kill_grace_s: seconds between SIGTERM and SIGKILL when the job is stopped.
-    :param working_dir: working directory of the job; None: the worker's.
-    :param forward_env: variables of the worker's environment the job also inherits, by
-        name or prefix ending in ``*`` (e.g. ``["WANDB_PROJECT", "MYAPP_*"]``), beyond
-        ``horovod_airflow.operators.command.FORWARDED_NAMES`` / ``FORWARDED_PREFIXES``
-        (system basics, ``HOROVOD_*``, ``NCCL_*``, ``GLOO_*``, CUDA and thread settings,
-        non-secret ``AWS_*``, ``HVA_*``). Nothing else of the worker's environment is
-        forwarded: horovodrun puts it on every rank's command line. Names that look secret
-        are refused (use ``secret_env``).
-    """
-
-    hosts: str | Sequence[str] | None = None
-    ssh_port: int | None = None
-    ssh_identity_file: str | None = None
-    network_interface: str | None = None
-    horovodrun_args: Sequence[str] = ()
-    rank_env_dir: str | None = None
-    kill_grace_s: float = DEFAULT_KILL_GRACE_S
-    working_dir: str | None = None
-    forward_env: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "forward_env", check_forward_env(self.forward_env))
-        if self.hosts is not None:
-            parse_hosts(self.hosts, 1)  # raises ValueError naming the bad entry
-        port = self.ssh_port
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                                 or not 0 < port < 65536):  # fmt: skip
-            raise ValueError(f"ssh_port must be a TCP port 1-65535, got {port!r}")
-        args = self.horovodrun_args
-        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-            raise ValueError(f"horovodrun_args must be a list of strings, got {args!r}")
-        owned = [a for a in args if a.split("=", 1)[0] in OWNED_HOROVODRUN_ARGS]
-        if owned:
-            raise ValueError(
-                f"horovodrun_args {owned}: set by the launcher itself (num_proc, hosts, "
-                f"controller, ssh_port, ssh_identity_file, network_interface); use those"
-            )
-        grace = self.kill_grace_s
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-            raise ValueError(f"kill_grace_s must be seconds ≥ 0, got {grace!r}")
-        for name in ("ssh_identity_file", "network_interface", "rank_env_dir", "working_dir"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
 
 
 def check_slots(
@@ -514,25 +438,14 @@ class LocalLauncher(Launcher):
                 shutil.rmtree(secret_dir, ignore_errors=True)
         # A job that stopped must leave nothing behind, even if horovodrun died abruptly.
         self._reap_leftovers()
-        if self._timed_out:
-            raise HorovodTimeoutError(
-                f"job {spec.name!r} ran longer than timeout={spec.timeout}s and was stopped",
-                timeout=float(spec.timeout or 0),
-                log_tail=out.tail(),
-            )
-        if self._killed:
-            raise HorovodTrainingError(
-                f"job {spec.name!r} was killed (exit code {exit_code})",
-                exit_code=exit_code,
-                log_tail=out.tail(),
-            )
-        if exit_code != 0:
-            raise HorovodTrainingError(
-                describe_failure(spec.name, exit_code, out.tail(), self.hosts),
-                exit_code=exit_code,
-                log_tail=out.tail(),
-            )
-        return JobResult(exit_code=0, log_tail=out.tail())
+        return end_of_job(
+            spec.name,
+            exit_code,
+            out.tail(),
+            hosts=self.hosts,
+            timed_out=float(spec.timeout or 0) if self._timed_out else None,
+            stopped=self._killed,
+        )
 
     # --- stop -------------------------------------------------------------------------
     def _on_timeout(self) -> None:

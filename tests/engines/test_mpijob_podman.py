@@ -78,7 +78,7 @@ def execute(
     if cluster is None:
         return op.execute(ctx or context())
     with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=cluster
+        "horovod_airflow.operators.launchers.kubernetes.client.KubernetesHook", return_value=cluster
     ):
         return op.execute(ctx or context())
 
@@ -394,7 +394,7 @@ def test_a_retry_while_the_first_try_still_runs_reattaches_and_starts_no_second_
 
     def with_severable_hook(*args: Any, **kwargs: Any) -> Any:
         launcher = make_launcher(*args, **kwargs)
-        launcher._hook = severed
+        launcher.client._hook = severed  # the cluster client made on first use
         return launcher
 
     first.make_launcher = with_severable_hook  # type: ignore[method-assign]

@@ -324,3 +324,45 @@ def test_failure_message_names_the_rank_and_its_host():
     message = describe_failure("job", 1, text.splitlines(), hosts)
     assert "rank 2 (host h2) failed first (exit code 7)" in message
     assert "[2]<stderr>:RuntimeError: boom" in message
+
+
+RANK_1_EXITED = ["[1]<stderr>:boom", "Process name: 1", "Exit code: {code}"]
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "rank_code", "how", "error", "final", "says"),
+    [
+        (0, None, {}, None, False, ""),
+        (1, 7, {}, "HorovodTrainingError", False, "job 'j' exited with code 1: rank 1"),
+        (1, 2, {}, "HorovodRefusedError", True, "exit code 2: the program refused"),
+        (3, None, {}, "HorovodRefusedError", True, "exit code 3: the program refused"),
+        (None, 3, {"failure": "MPIJob ml/j failed: X"}, "HorovodRefusedError", True,
+         "MPIJob ml/j failed: X; job 'j' failed: rank 1"),
+        (None, 137, {"failure": "MPIJob ml/j failed: X"}, "HorovodTrainingError", False,
+         "rank 1 failed first (exit code 137)"),
+        (-15, None, {"stopped": True}, "HorovodTrainingError", False,
+         "job 'j' was stopped (on_kill, exit code -15)"),
+        (None, 3, {"timed_out": 5.0}, "HorovodTimeoutError", False,
+         "job 'j' ran longer than timeout=5s and was stopped"),
+    ],
+    ids=["exit 0", "a crash", "rank refused", "refused alone", "mpijob refused",
+         "mpijob crash", "on_kill", "timeout"],
+)  # fmt: skip
+def test_every_launcher_ends_a_job_by_one_matrix(exit_code, rank_code, how, error, final, says):
+    """end_of_job: exit code (the job's, or the first failed rank's as horovodrun names it)
+    → result or typed error, the same for local, docker and kubernetes."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from horovod_airflow.operators import exceptions
+    from horovod_airflow.operators.launchers.base import end_of_job
+
+    tail = [line.format(code=rank_code) for line in RANK_1_EXITED] if rank_code else ["done"]
+    if error is None:
+        assert end_of_job("j", exit_code, tail, **how).log_tail == tail
+        return
+    with pytest.raises(getattr(exceptions, error)) as raised:
+        end_of_job("j", exit_code, tail, **how)
+    assert type(raised.value).__name__ == error
+    assert isinstance(raised.value, AirflowFailException) is final
+    assert says in str(raised.value)
+    assert raised.value.log_tail == tail

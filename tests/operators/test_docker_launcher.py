@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from horovod_airflow.operators import (
+    HorovodRefusedError,
     HorovodTimeoutError,
     HorovodTrainingError,
     HorovodTrainOperator,
@@ -243,6 +244,8 @@ def test_failure_raises_with_tail_and_cleanup_policy(cleanup, status, secrets, r
             run()
         assert err.value.exit_code == 3
         assert "[1]<stderr>:CUDA error: out of memory" in err.value.log_tail
+        # rank 1's exit 3: the program refused, as the launcher itself now says (not retried)
+        assert isinstance(err.value, HorovodRefusedError)
     else:
         run()
     assert (("remove", True) in client.calls) is removed

@@ -230,7 +230,7 @@ def test_every_kubernetes_option_reaches_the_job(api, unused):
     op = _train(launcher="kubernetes", image="hva/trainer:1", kubernetes=options)
     spec = op.build_spec(context())
     launcher = op.make_launcher()
-    launcher._hook = FakeHook([])
+    launcher.client._hook = FakeHook([])
     body = launcher.manifest(spec)
     assert body["kind"] == {"mpijob": "MPIJob", "trainjob": "TrainJob"}[api]
     # the pod probes read MPIJob pods; the TrainJob's pods are the same (test_trainjob_launcher)
@@ -272,11 +272,8 @@ def test_docker_overrides_merge_over_the_spec_and_owned_keys_are_refused():
 
 
 def test_mpijob_overrides_deep_merge_by_name_and_owned_paths_are_refused():
-    from horovod_airflow.operators.launchers.kubernetes import (
-        POD_SECURITY,
-        KubernetesLauncher,
-        KubernetesOptions,
-    )
+    from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
+    from horovod_airflow.operators.launchers.kubernetes.manifests import POD_SECURITY
     from tests.operators.test_kubernetes_launcher import FakeHook, spec
 
     worker_pod = {
@@ -358,7 +355,7 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
 
     from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
     from tests.operators.helpers import context
-    from tests.operators.test_kubernetes_launcher import RUNNING, FakeHook
+    from tests.operators.test_kubernetes_launcher import HOOK, RUNNING, FakeHook
 
     op = _train(
         launcher="kubernetes",
@@ -367,9 +364,7 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
         kubernetes=KubernetesOptions(namespace="ml", deferrable=True),
     )
     hook = FakeHook([RUNNING])
-    patched = mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    )
+    patched = mock.patch(HOOK, return_value=hook)
     with patched, pytest.raises(TaskDeferred) as deferred:
         op.execute(context())
     trigger = deferred.value.trigger

@@ -28,6 +28,18 @@ from horovod_airflow.operators import (
 from horovod_airflow.operators.command import RANK_ENV_WRAPPER
 from horovod_airflow.operators.launchers.base import JobSpec
 from horovod_airflow.operators.launchers.kubernetes import (
+    KubernetesLauncher,
+    KubernetesOptions,
+    PodOptions,
+    build_mpijob,
+    mpijob_phase,
+)
+from horovod_airflow.operators.launchers.kubernetes.client import (
+    api_error_message,
+    api_retrying,
+    is_transient,
+)
+from horovod_airflow.operators.launchers.kubernetes.manifests import (
     POD_SECURITY,
     SSH_AUTH_MOUNT_PATH,
     TRAINER_GID,
@@ -35,19 +47,15 @@ from horovod_airflow.operators.launchers.kubernetes import (
     WORKER_COMMAND,
     WORKER_SSH_PORT,
     WORKER_SSHD_CONFIG,
-    ApiRetry,
-    KubernetesLauncher,
-    KubernetesOptions,
-    PodOptions,
-    build_mpijob,
-    mpijob_phase,
-    pod_start_failure,
 )
+from horovod_airflow.operators.launchers.kubernetes.pods import pod_start_failure
 from horovod_airflow.operators.triggers import MPIJobTrigger
 from horovod_airflow.trainer.model import preprocessing
 from tests.operators.helpers import PROGRAM, LineLog, context, with_launcher_options
 from tests.operators.mpijob_schema import mpijob_errors
 
+#: Where the launcher makes its cluster client: the fake clusters are patched in there.
+HOOK = "horovod_airflow.operators.launchers.kubernetes.client.KubernetesHook"
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
 RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
@@ -365,20 +373,19 @@ def test_a_launcher_pods_log_naming_a_refusal_fails_without_retry():
     """The launcher pod's horovodrun output names the first failed rank's exit code; 2 or 3
     (the program refused) is final, anything else stays retryable."""
     from horovod_airflow.operators import HorovodRefusedError
-    from horovod_airflow.operators.job import refusals_not_retried
 
     refusal = "[1]<stderr>:trainer: error: ResumeMismatchError: batch_size: checkpoint 64, now 32"
-    refused_tail = [refusal, "Process name: 1", "Exit code: 3"]
-    crashed_tail = [refusal, "Process name: 1", "Exit code: 137"]
-    with (
-        pytest.raises(HorovodRefusedError, match="exit code 3: the program refused") as refused,
-        refusals_not_retried(),
-    ):
-        raise HorovodTrainingError("job 'x' failed", exit_code=1, log_tail=refused_tail)
+    refused_log = "\n".join([refusal, "Process name: 1", "Exit code: 3"])
+    crashed_log = "\n".join([refusal, "Process name: 1", "Exit code: 137"])
+    with pytest.raises(HorovodRefusedError, match="exit code 3: the program refused") as refused:
+        launcher(FakeHook([RUNNING, FAILED], log_text=refused_log)).run(spec(), LineLog())
     assert isinstance(refused.value, AirflowFailException)
-    with pytest.raises(HorovodTrainingError) as crashed, refusals_not_retried():
-        raise HorovodTrainingError("job 'x' failed", exit_code=1, log_tail=crashed_tail)
+    assert refusal in refused.value.log_tail and "BackoffLimitExceeded" in str(refused.value)
+    assert str(refused.value).count(refusal) == str(refused.value.__cause__).count(refusal)
+    with pytest.raises(HorovodTrainingError) as crashed:
+        launcher(FakeHook([RUNNING, FAILED], log_text=crashed_log)).run(spec(), LineLog())
     assert not isinstance(crashed.value, AirflowFailException)
+    assert "rank 1 failed first (exit code 137)" in str(crashed.value)
 
 
 @pytest.mark.parametrize(
@@ -582,9 +589,7 @@ def test_trigger_run_yields_exactly_one_event(phases, timeout, status):
     hook = FakeHook(phases)
     hook.objects["j"] = {}
     trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01, timeout=timeout)
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         events = asyncio.run(_events(trig))
     assert len(events) == 1
     assert events[0].payload["status"] == status
@@ -594,9 +599,7 @@ def test_trigger_run_yields_exactly_one_event(phases, timeout, status):
 def test_trigger_reports_api_errors_as_one_event():
     hook = FakeHook([RUNNING])  # no object "j" → 404
     trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.01)
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         events = asyncio.run(_events(trig))
     assert [e.payload["status"] for e in events] == ["error"]
 
@@ -628,9 +631,7 @@ def test_triggerer_deletes_the_job_only_when_a_user_kills_the_task(
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         asyncio.run(scenario())
     assert hook.deleted == deleted
     assert hook.core_v1_client.deleted == [f"{n}-rank-env" for n in deleted]
@@ -655,9 +656,7 @@ def test_deferrable_operator_defers_then_completes_from_metrics(s3_server):
         kubernetes=KubernetesOptions(slots_per_worker=2, deferrable=True, namespace="ml"),
     )
     hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:trained")
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         trigger = deferred.value.trigger
@@ -707,9 +706,7 @@ def test_export_runs_as_a_one_rank_mpijob_and_returns_parity(s3_server):
     bucket = s3_server.new_bucket()
     put_parity(s3_server, bucket)
     hook = FakeHook([RUNNING, SUCCEEDED], log_text="[0]<stdout>:exported")
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         result = export_op(bucket).execute(context())
 
     assert result["passed"] is True and result["max_abs_diff"] == 7.6e-6
@@ -751,9 +748,7 @@ def test_deferrable_export_defers_then_reads_parity(s3_server):
     put_parity(s3_server, bucket, passed=False)
     op = export_op(bucket, deferrable=True)
     hook = FakeHook([SUCCEEDED], log_text="[0]<stdout>:exported")
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         assert deferred.value.method_name == "execute_complete"
@@ -796,7 +791,8 @@ def test_pod_settings_reach_both_pod_templates_from_the_operator():
     op = k8s_train_op(**POD_OPTIONS)
     job = op.build_spec(context())
     with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=FakeHook([])
+        HOOK,
+        return_value=FakeHook([]),
     ):
         body = op.make_launcher().manifest(job)  # type: ignore[attr-defined]
     replicas = body["spec"]["mpiReplicaSpecs"]
@@ -911,7 +907,7 @@ def test_a_templated_launcher_uses_the_options_of_the_one_it_renders_to():
     job = op.build_spec(context())
     kl = op.make_launcher()
     assert isinstance(kl, KubernetesLauncher) and kl.options.namespace == "ml"
-    kl._hook = FakeHook([])
+    kl.client._hook = FakeHook([])
     pod = kl.manifest(job)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu": "h200"}
     op.launcher = "slurm"
@@ -997,7 +993,7 @@ def test_a_job_of_an_earlier_try_that_never_goes_away_fails_the_launch():
     hook.objects["hvd-train-1234"] = {}
     hook.linger = 10**6
     with (
-        mock.patch("horovod_airflow.operators.launchers.kubernetes.DELETE_WAIT_S", 0.05),
+        mock.patch("horovod_airflow.operators.launchers.kubernetes.client.DELETE_WAIT_S", 0.05),
         pytest.raises(HorovodLaunchError, match="still being deleted after 0s; this try does"),
     ):
         launcher(hook).submit(spec(), LineLog())
@@ -1061,9 +1057,7 @@ def test_labels_of_the_task_instance_are_on_the_job_its_pods_and_its_secret(tmp_
     first = op.build_spec({**ctx, "ti": SimpleNamespace(try_number=1, map_index=-1)})
     assert job.name == first.name  # one name for every try
     hook = FakeHook([RUNNING])
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         launcher = op.make_launcher()
         launcher.submit(job, LineLog())  # type: ignore[attr-defined]
     body = hook.created[job.name]
@@ -1090,7 +1084,8 @@ def test_a_deferrable_retry_while_the_job_runs_defers_on_it_without_a_second_job
     hook.objects[name] = {"metadata": {"name": name}}
     with (
         mock.patch(
-            "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+            HOOK,
+            return_value=hook,
         ),
         pytest.raises(TaskDeferred) as deferred,
     ):
@@ -1111,13 +1106,38 @@ def reset() -> Exception:
     return urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104))
 
 
+def _looks(answers: list[Any], log: Any = None, **retry: Any) -> tuple[Any, list[float], int]:
+    """(the result or the error, the backoffs slept, how many looks) of one retried look that
+    meets ``answers`` (exceptions are raised) in turn."""
+    log = log or LineLog()
+    sleeps: list[float] = []
+    looks = 0
+
+    def look() -> Any:
+        nonlocal looks
+        answer = answers[min(looks, len(answers) - 1)]
+        looks += 1
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    try:
+        result = api_retrying(log.warning, sleep=sleeps.append, **retry)(look)
+    except Exception as e:
+        result = e
+    return result, sleeps, looks
+
+
 def test_the_backoff_doubles_is_capped_resets_and_gives_up():
-    retry = ApiRetry(retries=7, backoff=1.0, max_backoff=30.0)
     error = ApiException(status=503)
-    assert [retry.delay(error) for _ in range(8)] == [1, 2, 4, 8, 16, 30, 30, None]
-    assert "8 Kubernetes API errors in a row" in retry.describe(error)
-    retry.reset()
-    assert retry.delay(ApiException(status=429)) == 1
+    log = LineLog()
+    gave_up, sleeps, looks = _looks([error], log, retries=7, backoff=1.0, max_backoff=30.0)
+    assert sleeps == [1, 2, 4, 8, 16, 30, 30] and looks == 8
+    assert log.lines[0].startswith("Kubernetes API error, next look in 1.0s: (503)")
+    assert len(log.lines) == 7
+    assert "8 Kubernetes API errors in a row" in api_error_message(gave_up)
+    # each look starts afresh
+    assert _looks([ApiException(status=429), "ok"], retries=7, backoff=1.0)[:2] == ("ok", [1])
 
 
 @pytest.mark.parametrize(
@@ -1140,9 +1160,11 @@ def test_the_backoff_doubles_is_capped_resets_and_gives_up():
     ids=repr,
 )
 def test_which_api_errors_are_retried(error, transient):
-    retry = ApiRetry(retries=3, backoff=0.5)
-    assert (retry.delay(error) == 0.5) is transient
-    assert (retry.delay(error) is None) is not transient  # a 4xx never gets a second look
+    assert is_transient(error) is transient
+    result, sleeps, looks = _looks([error], retries=3, backoff=0.5)
+    assert (sleeps == [0.5, 1, 2] and looks == 4) is transient
+    assert (sleeps == [] and looks == 1) is not transient  # a 4xx never gets a second look
+    assert (result is error) is not transient  # raised as it is, for the caller to name
 
 
 @pytest.mark.parametrize(
@@ -1164,9 +1186,7 @@ def test_the_trigger_retries_transient_api_errors_with_backoff(answers, status, 
     hook.objects["j"] = {}
     trig = MPIJobTrigger(name="j", namespace="ml", poll_interval=0.001, api_retries=3,
                          api_backoff=0.001)  # fmt: skip
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         events = asyncio.run(_events(trig))
     assert [e.payload["status"] for e in events] == [status]
     assert hook.gets == looks
@@ -1175,7 +1195,7 @@ def test_the_trigger_retries_transient_api_errors_with_backoff(answers, status, 
 
 def test_the_polling_launcher_rides_out_transient_errors_and_keeps_an_unknown_job():
     hook = FakeHook([ApiException(status=502), unreachable(), RUNNING, SUCCEEDED])
-    with mock.patch("horovod_airflow.operators.launchers.kubernetes.API_BACKOFF_S", 0.001):
+    with mock.patch("horovod_airflow.operators.launchers.kubernetes.client.API_BACKOFF_S", 0.001):
         assert launcher(hook).run(spec(), LineLog()).exit_code == 0
     assert hook.gets == 4
 
@@ -1275,9 +1295,7 @@ def test_the_deferred_task_fails_fast_on_a_start_failure_and_deletes_the_job(tmp
     op = k8s_train_op(deferrable=True, output=str(tmp_path / "out"), startup_timeout=300)
     hook = FakeHook([RUNNING])
     hook.core_v1_client.pods = [[pod(W0, "Pending", waiting=PULL)]]
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         trigger = deferred.value.trigger
@@ -1432,7 +1450,7 @@ def test_the_launcher_log_is_followed_into_the_task_log_while_the_job_runs():
 
 
 def test_a_follow_stream_that_never_ends_is_cut_at_the_end_of_the_job(monkeypatch):
-    monkeypatch.setattr("horovod_airflow.operators.launchers.kubernetes.LOG_DRAIN_S", 0.2)
+    monkeypatch.setattr("horovod_airflow.operators.launchers.kubernetes.logs.LOG_DRAIN_S", 0.2)
     log = LineLog()
 
     class Endless(FakeCore):
@@ -1457,7 +1475,7 @@ def test_a_follow_stream_that_never_ends_is_cut_at_the_end_of_the_job(monkeypatc
 
 
 def test_log_timestamps_compare_by_time_not_by_text():
-    from horovod_airflow.operators.launchers.kubernetes import log_timestamp
+    from horovod_airflow.operators.launchers.kubernetes.logs import log_timestamp
 
     earlier = log_timestamp("2026-12-04T10:00:05.1Z")
     later = log_timestamp("2026-12-04T10:00:05.12Z")

@@ -18,21 +18,26 @@ from kubernetes.client.exceptions import ApiException
 
 from horovod_airflow.operators import HorovodLaunchError, HorovodTrainingError, HorovodTrainOperator
 from horovod_airflow.operators.launchers.kubernetes import (
-    ANCESTOR_LABEL,
-    JOBSET_NAME_LABEL,
-    JOBSET_ROLE_LABEL,
-    POD_SECURITY,
-    SSH_AUTH_MOUNT_PATH,
-    WORKER_COMMAND,
     KubernetesLauncher,
     KubernetesOptions,
     PodOptions,
     build_trainjob,
     trainjob_phase,
 )
+from horovod_airflow.operators.launchers.kubernetes.api import (
+    ANCESTOR_LABEL,
+    JOBSET_NAME_LABEL,
+    JOBSET_ROLE_LABEL,
+)
+from horovod_airflow.operators.launchers.kubernetes.manifests import (
+    POD_SECURITY,
+    SSH_AUTH_MOUNT_PATH,
+    WORKER_COMMAND,
+)
 from horovod_airflow.operators.triggers import MPIJobTrigger
 from tests.operators.helpers import LineLog, context
 from tests.operators.test_kubernetes_launcher import (
+    HOOK,
     POD_OPTIONS,
     SECRET,
     FakeCore,
@@ -176,7 +181,7 @@ def test_pod_settings_reach_both_trainjob_pods_from_the_operator():
     launcher_ = op.make_launcher()
     assert isinstance(launcher_, KubernetesLauncher) and launcher_.flavour.api == "trainjob"
     with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook",
+        HOOK,
         return_value=TrainerHook([]),
     ):
         runtime, _ = launcher_.manifests(job)
@@ -347,7 +352,8 @@ def test_a_deferrable_retry_while_the_trainjob_runs_defers_on_it_without_a_secon
     hook.objects[RUNTIMES][name] = {"metadata": {"name": name}, "spec": {}}
     with (
         mock.patch(
-            "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
+            HOOK,
+            return_value=hook,
         ),
         pytest.raises(TaskDeferred) as deferred,
     ):
@@ -423,9 +429,7 @@ def test_the_deferrable_operator_defers_on_the_trainjob_and_finishes_it(tmp_path
     options = op.options("kubernetes")
     assert options.kubernetes_api == "trainjob" and options.deferrable
     hook = TrainerHook([FAILED], log_text="[0]<stdout>:step")
-    with mock.patch(
-        "horovod_airflow.operators.launchers.kubernetes.KubernetesHook", return_value=hook
-    ):
+    with mock.patch(HOOK, return_value=hook):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(context())
         trigger = deferred.value.trigger
