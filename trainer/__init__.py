@@ -5,4 +5,3 @@ Launch: ``horovodrun -np 2 -H localhost:2 python -m horovod_airflow.trainer trai
 See ``python -m horovod_airflow.trainer --help``.
 """
 
-__version__ = "0.1.0"

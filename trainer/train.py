@@ -582,9 +582,9 @@ def read_resume_state(
 def versions() -> dict[str, str]:
     import torch
 
-    from horovod_airflow import trainer
+    import horovod_airflow
 
-    out = {"torch": torch.__version__, "trainer": trainer.__version__}
+    out = {"torch": torch.__version__, "trainer": horovod_airflow.__version__}
     out["python"] = platform.python_version()
     for name in ("torchvision", "horovod"):
         try:
