@@ -109,10 +109,11 @@ def _start_execution_api() -> None:
 def _run(conf: dict, out: Path) -> int:
     from airflow.sdk import DagRunState
 
-    from dags.mnist_horovod_retrain import BUCKET_URI, MODEL_NAME, retrain_dag
+    from dags.mnist_horovod_retrain import MNIST, retrain_dag
     from horovod_airflow.core import storage
     from horovod_airflow.core.contract import GATE, GATE_NAME, LATEST_NAME, METRICS, METRICS_NAME
     from horovod_airflow.operators.model_registry import read_champion
+    from horovod_airflow.operators.settings import BUCKET_URI
 
     dag = retrain_dag
     start = time.monotonic()
@@ -140,7 +141,7 @@ def _run(conf: dict, out: Path) -> int:
         if storage.exists(gate_uri, client=client):
             gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
             print(f"gate: {'PASSED' if gate['passed'] else 'FAILED'} — {gate['reason']}")
-    latest = read_champion(BUCKET_URI, MODEL_NAME, client=client)
+    latest = read_champion(BUCKET_URI, MNIST.model_name, client=client)
     if latest:
         dest = out / "published" / latest["version"]
         for uri in storage.list_uris(latest["uri"], client=client):
