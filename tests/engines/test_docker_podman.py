@@ -199,7 +199,7 @@ def test_on_kill_stops_the_running_container(podman_engine, s3_server, task_log)
     op.on_kill()  # a second call (Airflow may send two) is a no-op
 
     assert isinstance(job.error, HorovodTrainingError), job.error
-    assert "stopped (on_kill)" in str(job.error)
+    assert "was stopped (on_kill, exit code" in str(job.error)  # base.end_of_job
     assert took < 45, f"on_kill took {took:.0f}s to stop the container"
     assert containers_named(podman_engine, "killed") == []
 
