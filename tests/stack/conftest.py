@@ -77,7 +77,8 @@ class Stack:
 def stack(
     tmp_path_factory: pytest.TempPathFactory, stack_images: dict[str, str]
 ) -> Iterator[Stack]:
-    """Images built (or found current), the stack up; afterwards `down` must leave nothing.
+    """Images built (or found current), the stack up; afterwards `down --volumes` must leave
+    nothing.
 
     Package-scoped: the stack's services are down again before the rest of the suite runs.
     """
@@ -91,8 +92,6 @@ def stack(
         "HVA_STACK_PROJECT": PROJECT,
         "HVA_STACK_AIRFLOW_PORT": str(free_port()),
         "HVA_STACK_S3_PORT": str(free_port()),
-        # its own free port, not S3's + 1: that one may be taken (a shuffled run found it so)
-        "HVA_STACK_S3_CONSOLE_PORT": str(free_port()),
         # A variable of the caller's shell that the compose file also reads: the settings
         # file must win (other tests in the session leave HVA_BUCKET set).
         "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",
@@ -113,16 +112,19 @@ def stack(
                 logs = subprocess.run(["podman", "logs", "--tail", "15", name],
                                       capture_output=True, text=True)  # fmt: skip
                 (state / f"{name}.log").write_text(logs.stdout + logs.stderr)
-            compose_stack("down", env, 300)
+            compose_stack("down --volumes", env, 300)
             left = project_containers()
             volumes = json.loads(
                 subprocess.run(["podman", "volume", "ls", "--format", "json"],
                                capture_output=True, text=True, check=True).stdout or "[]"
             )  # fmt: skip
             ours = [v["Name"] for v in volumes if v["Name"].startswith(f"{PROJECT}_")]
-            network = subprocess.run(["podman", "network", "exists", PROJECT]).returncode == 0
+            network = [
+                n for n in (f"{PROJECT}_default", f"{PROJECT}-training")
+                if subprocess.run(["podman", "network", "exists", n]).returncode == 0
+            ]  # fmt: skip
             if not was_serving:  # leave a Docker API service the user started running
                 subprocess.run(["bash", str(engine), "stop"], capture_output=True)
             assert not left and not ours and not network, (
-                f"`down` left containers {left}, volumes {ours}, network {network}"
+                f"`down --volumes` left containers {left}, volumes {ours}, networks {network}"
             )
