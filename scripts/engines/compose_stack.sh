@@ -281,9 +281,10 @@ cmd_up() {
   local start=$SECONDS
   compose up -d --no-build --no-deps hva-config
   wait_completed hva-config 120
-  compose up -d --no-build --no-deps postgres seaweedfs
+  compose up -d --no-build --no-deps postgres seaweedfs docker-socket-proxy
   wait_healthy postgres 120
   wait_healthy seaweedfs 60
+  wait_healthy docker-socket-proxy 60
   compose up -d --no-build --no-deps seaweedfs-init airflow-init trainer
   wait_completed seaweedfs-init 120
   wait_completed airflow-init 600

@@ -700,12 +700,27 @@ def test_the_docker_launcher_can_start_training_containers(stack: dict[str, Any]
     assert env["HVA_LAUNCHER"] == "docker"
     assert env["HVA_TRAINER_IMAGE"] == services["trainer"]["image"]
     assert env["HVA_DOCKER_NETWORK"] == stack["networks"]["training"]["name"]
-    socket_path = env["DOCKER_HOST"].removeprefix("unix://")
-    targets = [v.split(":")[1] for v in scheduler["volumes"] if isinstance(v, str)]
-    assert socket_path in targets, "the scheduler has no Docker socket at DOCKER_HOST"
-    assert scheduler.get("group_add"), "the scheduler's user needs the socket's group"
+    # The engine through the proxy only: its socket's folder, never the engine's socket.
+    socket_path = Path(env["DOCKER_HOST"].removeprefix("unix://"))
+    proxy = services["docker-socket-proxy"]
+    assert f"--listen={socket_path}" in proxy["entrypoint"]
+    assert f"--network={env['HVA_DOCKER_NETWORK']}" in proxy["entrypoint"]
+    assert f"--owner={scheduler['user']}" in proxy["entrypoint"]
+    assert proxy["network_mode"] == "none"
+    engine_socket = "/var/run/docker.sock"
+    assert f"{engine_socket}:{engine_socket}" in proxy["volumes"] and proxy.get("group_add")
     check = services["docker-launcher-check"]
-    assert check["group_add"] == scheduler["group_add"] and check["user"] == scheduler["user"]
+    for name, service in services.items():
+        targets = [v.split(":")[1] for v in service.get("volumes") or [] if isinstance(v, str)]
+        if name in ("airflow-scheduler", "docker-launcher-check"):
+            assert f"docker-proxy:{socket_path.parent}" in service["volumes"], name
+        if name != "docker-socket-proxy":
+            assert engine_socket not in targets, f"{name} mounts the engine's socket"
+    assert check["user"] == scheduler["user"]
+    deps = depends_on(scheduler)
+    assert (
+        deps["docker-socket-proxy"] == depends_on(check)["docker-socket-proxy"] == "service_healthy"
+    )
 
 
 def test_the_trainer_reserves_nvidia_gpus(stack: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ def test_every_service_of_the_compose_file_ran(stack: Stack) -> None:
     names = stack.containers()
     for service in (
         "hva-config", "postgres", "seaweedfs", "seaweedfs-init", "airflow-init", "trainer",
-        "docker-launcher-check",
+        "docker-socket-proxy", "docker-launcher-check",
         "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
     ):  # fmt: skip
         assert any(f"_{service}_" in n for n in names), f"no container of {service}: {names}"
@@ -173,3 +173,38 @@ def test_down_and_up_keep_the_data_and_a_new_run_gates_against_the_champion(
     )["value"]
     gate = json.loads(gate) if isinstance(gate, str) else gate
     assert gate["champion_version"] == champion, gate
+
+
+def test_dag_code_in_the_scheduler_reaches_the_engine_only_through_the_proxy(stack: Stack) -> None:
+    """As a DAG author's task would, from inside the scheduler: the engine answers a call the
+    launcher makes, refuses (403, from the proxy) a privileged container, a bind of ``/``, the
+    volumes API and exec; and the engine's own socket is not there to use instead."""
+    scheduler = next(n for n in stack.containers() if "_airflow-scheduler_" in n)
+    probe = textwrap.dedent(
+        """
+        import json, os, docker
+        c = docker.APIClient(base_url=os.environ["DOCKER_HOST"], version="auto", timeout=30)
+        net, image = os.environ["HVA_DOCKER_NETWORK"], os.environ["HVA_TRAINER_IMAGE"]
+        out = {"ping": c.ping(), "engine_socket": os.path.exists("/var/run/docker.sock")}
+        def status(call):
+            try:
+                call()
+                return "passed"
+            except docker.errors.APIError as e:
+                return e.response.status_code
+        def create(**k):
+            return c.create_container(image, "true", host_config=c.create_host_config(
+                network_mode=net, **k))
+        out["privileged"] = status(lambda: create(privileged=True))
+        out["bind"] = status(lambda: create(binds=["/:/host"]))
+        out["volumes"] = status(lambda: c.volumes())
+        out["exec"] = status(lambda: c.exec_create("x", "true"))
+        print(json.dumps(out))
+        """
+    )
+    out = stack.podman("exec", scheduler, "python", "-c", probe)
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {
+        "ping": True, "engine_socket": False,
+        "privileged": 403, "bind": 403, "volumes": 403, "exec": 403,
+    }, seen  # fmt: skip
