@@ -8,8 +8,10 @@ images, cached by a hash of their inputs, built before pytest by ``scripts/prebu
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import REPO, free_port
-from tests.engine_scripts import run_script
+from tests.engine_scripts import podman_cli_env, run_script
 
 PROJECT = "hva-stack-test"
 # The stack's start takes a few minutes (the images are built by the stack_images fixture).
@@ -57,6 +59,9 @@ def project_containers() -> list[str]:
     return out.split()
 
 
+_cli_env = functools.cache(podman_cli_env)
+
+
 @dataclass
 class Stack:
     """A running stack: its settings file (secrets included) and endpoints."""
@@ -67,7 +72,17 @@ class Stack:
     script_env: dict[str, str]
 
     def podman(self, *args: str) -> str:
-        return subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout
+        """The podman CLI with the engine's settings (runc, ulimits: a ``run`` or ``exec``
+        needs them); raises naming stderr when it fails."""
+        run = subprocess.run(
+            ["podman", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **podman_cli_env()},
+        )
+        if run.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args[:2])} failed: {run.stderr[-2000:]}")
+        return run.stdout
 
     def containers(self) -> list[str]:
         return project_containers()

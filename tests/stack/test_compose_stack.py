@@ -14,7 +14,6 @@ of the stack is left.
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
 import urllib.parse
 
@@ -123,13 +122,11 @@ def test_training_containers_reach_the_object_store_but_not_postgres_or_the_api_
         ("apiserver", "airflow-apiserver", 8080),
         ("apiserver-ip", address("airflow-apiserver"), 8080),
     ]
-    out = subprocess.run(
-        ["podman", "run", "--rm", "--network", stack.settings["HVA_DOCKER_NETWORK"],
-         stack.settings["HVA_TRAINER_IMAGE"], "python", "-c", probe, json.dumps(targets)],
-        capture_output=True, text=True, timeout=120,
+    out = stack.podman(
+        "run", "--rm", "--network", stack.settings["HVA_DOCKER_NETWORK"],
+        stack.settings["HVA_TRAINER_IMAGE"], "python", "-c", probe, json.dumps(targets),
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    reached = json.loads(out.stdout.strip().splitlines()[-1])
+    reached = json.loads(out.strip().splitlines()[-1])
     assert reached["s3"] == "open", reached
     for label in ("postgres", "postgres-ip", "apiserver", "apiserver-ip"):
         assert reached[label] != "open", reached
