@@ -124,7 +124,7 @@ def endpoint_of(client: Any) -> str:
 @contextlib.contextmanager
 def s3_errors(operation: str, uri: str, client: Any) -> Iterator[None]:
     """Turn what botocore/boto3 raise into one :class:`StorageError` naming the operation,
-    the URI and the endpoint: ``S3 GetObject of s3://b/k at http://seaweedfs:8333 failed: ...``;
+    the URI and the endpoint: ``S3 GetObject of s3://b/k at http://minio:9000 failed: ...``;
     a refusal also names the access key id it was made with (the secret never).
 
     Covers the server's answers (access denied, no such bucket: ``ClientError``) and not
