@@ -998,12 +998,15 @@ def run_hva_config(
 
 @pytest.fixture
 def secrets_dir(tmp_path: Path) -> Path:
-    """A secrets folder as scripts/stack_secrets.sh writes it (run for real)."""
-    folder = tmp_path / "secrets"
-    run = subprocess.run(["bash", str(REPO / "scripts" / "stack_secrets.sh"), str(folder)],
+    """A secrets folder as docs/deployment.md's command writes it (run as written, in a
+    temporary folder instead of the checkout)."""
+    from tests import readme
+
+    script, *args = readme.command("scripts/stack_secrets.sh secrets").split()
+    run = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    return folder
+    return tmp_path / "secrets"
 
 
 def test_stack_secrets_writes_every_secret_once_and_shows_none(secrets_dir: Path) -> None:

@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 
+from tests import readme
 from tests.conftest import REPO, free_port
 from tests.engine_scripts import podman_cli_env, run_script
 
@@ -127,7 +128,8 @@ def stack(
                 logs = subprocess.run(["podman", "logs", "--tail", "15", name],
                                       capture_output=True, text=True)  # fmt: skip
                 (state / f"{name}.log").write_text(logs.stdout + logs.stderr)
-            compose_stack("down --volumes", env, 300)
+            down = readme.command("scripts/engines/compose_stack.sh down --volumes")
+            compose_stack(down.split(maxsplit=1)[1], env, 300)
             left = project_containers()
             volumes = json.loads(
                 subprocess.run(["podman", "volume", "ls", "--format", "json"],

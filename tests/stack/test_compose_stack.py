@@ -19,6 +19,7 @@ import urllib.parse
 
 import pytest
 
+from tests import readme
 from tests.engine_scripts import BUILD_TIMEOUT
 from tests.stack.conftest import PROJECT, UP_TIMEOUT, Stack, compose_stack, load_stack_smoke
 
@@ -147,7 +148,8 @@ def test_down_and_up_keep_the_data_and_a_new_run_gates_against_the_champion(
         before = smoke.read_published(stack.settings)
     champion = before["latest"]["version"]
 
-    compose_stack("down", stack.script_env, 300)
+    compose_stack(readme.command("scripts/engines/compose_stack.sh down").split(maxsplit=1)[1],
+                  stack.script_env, 300)  # fmt: skip
     assert not stack.containers()
     volumes = stack.podman("volume", "ls", "--format", "{{.Name}}").split()
     assert f"{PROJECT}_seaweedfs-data" in volumes and f"{PROJECT}_postgres-db" in volumes
