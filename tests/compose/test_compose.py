@@ -675,6 +675,7 @@ def test_training_containers_reach_the_object_store_and_nothing_else(
 ) -> None:
     services = stack["services"]
     training = stack["networks"]["training"]["name"]
+    assert stack["networks"]["training"]["internal"] is True  # no route to other networks
     on_training = sorted(n for n, s in services.items() if "training" in (s.get("networks") or []))
     assert on_training == ["seaweedfs"]
     assert set(services["seaweedfs"]["networks"]) == {"default", "training"}

@@ -27,10 +27,10 @@ pytestmark = [pytest.mark.engine]
 class NoJournal:
     """The task state store is the operator's; a bare launcher records nothing."""
 
-    def recorded_by(self, name: str) -> None:
+    def recorded_by(self, launcher: str) -> None:
         return None
 
-    def record(self, name: str, **fields: object) -> None:
+    def record(self, launcher: str, **fields: object) -> None:
         pass
 
 
