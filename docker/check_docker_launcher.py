@@ -3,7 +3,8 @@
 LocalExecutor runs tasks inside the scheduler container, and the docker launcher starts each
 training run as a sibling container through the host's Docker socket. This checks, as the same
 user and groups as the scheduler, that the socket answers, that the trainer image exists and that
-the network the trainer must join (to reach MinIO as ``minio``) exists, and names the fix when not.
+the network the trainer must join (the training network, where the object store is
+``seaweedfs``) exists, and names the fix when not.
 
     python check_docker_launcher.py      # reads DOCKER_HOST, HVA_TRAINER_IMAGE, HVA_DOCKER_NETWORK
 """

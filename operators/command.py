@@ -269,27 +269,6 @@ def rank_env_file_text(secret_env: Mapping[str, str]) -> str:
     return "".join(lines)
 
 
-def stash_secrets_script(names: Iterable[str]) -> str:
-    """A ``sh -c`` script for a container: move the named variables from the environment into
-    a private file, point ``HVA_RANK_ENV_FILE`` at it, then ``exec "$@"`` (horovodrun).
-
-    A container gets its credentials as container environment; without this, horovodrun
-    would copy them onto every rank's ``sh -c`` command line inside the container.
-    """
-    names = list(names)
-    for n in names:
-        validate_env_name(n, "secret_env")
-    if not names:
-        return 'exec "$@"'
-    alternation = "|".join(names)
-    return (
-        'umask 077; f="$(mktemp)"; '
-        f"export -p | grep -E '^export ({alternation})=' > \"$f\"; "
-        f"unset {' '.join(names)}; "
-        f'export {RANK_ENV_FILE_VAR}="$f"; exec "$@"'
-    )
-
-
 def validate_env_name(name: str, field: str) -> None:
     if not isinstance(name, str) or not _ENV_NAME.match(name):
         raise ValueError(f"{field}: {name!r} is not a valid environment variable name")

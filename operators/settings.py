@@ -12,7 +12,7 @@ the model name and the Asset URI without touching the metadata DB at parse time.
 | ``HVA_TRAINER_IMAGE`` | ``horovod-airflow/trainer:latest`` | image for docker/kubernetes |
 | ``HVA_NUM_PROC`` | ``2`` | default ranks in the trigger form |
 | ``HVA_GPUS_PER_PROC`` | ``0`` | GPUs each rank requests (docker/kubernetes launchers) |
-| ``HVA_DOCKER_NETWORK`` | unset | network of the training containers (compose: the stack's) |
+| ``HVA_DOCKER_NETWORK`` | unset | network of the training containers (compose: ``training``) |
 | ``HVA_JOB_TIMEOUT_MINUTES`` | ``360`` | deadline of each Horovod job task (train, export) |
 | ``HVA_TASK_TIMEOUT_MINUTES`` | ``30`` | deadline of every other task (stage, gate, publish) |
 | ``HVA_RUN_TIMEOUT_MINUTES`` | ``720`` | ``dagrun_timeout`` of the shipped DAGs |

@@ -81,7 +81,9 @@ RUN_BY: dict[str, str] = {
     "scripts/engines/compose_stack.sh up": "tests/stack/conftest.py (stack fixture)",
     "scripts/engines/compose_stack.sh env": "tests/stack/test_compose_stack.py",
     "scripts/engines/compose_stack.sh smoke": "tests/stack/test_compose_stack.py",
-    "scripts/engines/compose_stack.sh down": "tests/stack/conftest.py (stack fixture)",
+    "scripts/engines/compose_stack.sh down": "tests/stack/test_compose_stack.py (restart)",
+    "scripts/engines/compose_stack.sh down --volumes": "tests/stack/conftest.py (stack fixture)",
+    "scripts/stack_secrets.sh secrets": "tests/compose/test_compose.py (secrets_dir fixture)",
     # The trainer
     TRAIN: TRAINER_TEST,
     EXPORT: TRAINER_TEST,

@@ -4,4 +4,3 @@ Launch: ``horovodrun -np 2 -H localhost:2 python -m horovod_airflow.trainer trai
 --output URI``.
 See ``python -m horovod_airflow.trainer --help``.
 """
-

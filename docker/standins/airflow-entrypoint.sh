@@ -4,7 +4,10 @@
 #     CONNECTION_CHECK_SLEEP_TIME seconds apart; 0 tries: no wait);
 #   - _AIRFLOW_DB_MIGRATE=true: `airflow db migrate`;
 #   - _AIRFLOW_WWW_USER_CREATE=true: `airflow users create` (FAB) as Admin from
-#     _AIRFLOW_WWW_USER_USERNAME / _AIRFLOW_WWW_USER_PASSWORD;
+#     _AIRFLOW_WWW_USER_USERNAME / _AIRFLOW_WWW_USER_PASSWORD, or the output of the command
+#     _AIRFLOW_WWW_USER_PASSWORD_CMD (as the official image: e.g. `cat /run/secrets/x`). The
+#     password goes to the command on its standard input (its prompt), not its command line
+#     (the official image passes --password);
 #   - then runs the command: `bash ...` and `python ...` as given, an `airflow ...` command as
 #     given, anything else as an airflow subcommand (`api-server` -> `airflow api-server`).
 set -euo pipefail
@@ -32,12 +35,16 @@ if [ "${_AIRFLOW_DB_MIGRATE:-}" = true ]; then
   airflow db migrate
 fi
 if [ "${_AIRFLOW_WWW_USER_CREATE:-}" = true ]; then
-  : "${_AIRFLOW_WWW_USER_PASSWORD:?_AIRFLOW_WWW_USER_PASSWORD is required with _AIRFLOW_WWW_USER_CREATE}"
+  if [ -z "${_AIRFLOW_WWW_USER_PASSWORD:-}" ] && [ -n "${_AIRFLOW_WWW_USER_PASSWORD_CMD:-}" ]; then
+    _AIRFLOW_WWW_USER_PASSWORD=$(eval "$_AIRFLOW_WWW_USER_PASSWORD_CMD")
+  fi
+  : "${_AIRFLOW_WWW_USER_PASSWORD:?_AIRFLOW_WWW_USER_PASSWORD or _AIRFLOW_WWW_USER_PASSWORD_CMD is required with _AIRFLOW_WWW_USER_CREATE}"
   user=${_AIRFLOW_WWW_USER_USERNAME:-admin}
   if airflow users list -o plain 2>/dev/null | awk '{print $2}' | grep -qx "$user"; then
     echo "entrypoint: user $user exists"
   else
-    airflow users create --username "$user" --password "$_AIRFLOW_WWW_USER_PASSWORD" \
+    printf '%s\n%s\n' "$_AIRFLOW_WWW_USER_PASSWORD" "$_AIRFLOW_WWW_USER_PASSWORD" |
+      airflow users create --username "$user" \
       --firstname "${_AIRFLOW_WWW_USER_FIRSTNAME:-Airflow}" \
       --lastname "${_AIRFLOW_WWW_USER_LASTNAME:-Admin}" \
       --email "${_AIRFLOW_WWW_USER_EMAIL:-airflowadmin@example.com}" \

@@ -2,9 +2,14 @@
 # Entrypoint of the postgres stand-in (docker/standins/postgres.Containerfile): on an empty
 # PGDATA, create the cluster with POSTGRES_USER as superuser (password POSTGRES_PASSWORD) and
 # the database POSTGRES_DB; then run the server as the postgres user, listening on every
-# address with password (scram-sha-256) authentication for TCP clients.
+# address with password (scram-sha-256) authentication for TCP clients. As in the official
+# image, the password may come from a file instead: POSTGRES_PASSWORD_FILE (a compose secret).
 set -eu
-: "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required (as in the official image)}"
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+  [ -z "${POSTGRES_PASSWORD:-}" ] || { echo "set POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE, not both" >&2; exit 1; }
+  POSTGRES_PASSWORD=$(cat "$POSTGRES_PASSWORD_FILE")
+fi
+: "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE is required (as in the official image)}"
 user=${POSTGRES_USER:-postgres}
 db=${POSTGRES_DB:-$user}
 as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups "$@"; }

@@ -6,9 +6,13 @@ Podman socket works the same. The container is created, attached (``stream=True,
 logs=True``: no output lost for fast-exiting containers), started, waited for and removed
 in ``finally`` — ``containers.run`` + ``logs(follow=True)`` sometimes hangs instead.
 
-Credentials are container environment only. For a horovodrun job the container's command
-first moves them into a private file (``stash_secrets_script``) so horovodrun does not
-copy them onto the rank command lines inside the container.
+Credentials are never container environment or command line (``docker inspect`` shows
+both, to anyone who may use the engine): the container is created without them, the
+launcher copies them into it as a file (:data:`SECRET_FILE`, through the engine's archive
+API) before it starts, and ``HVA_RANK_ENV_FILE`` names that file, which each rank sources
+right before it ``exec``s the program (``RANK_ENV_WRAPPER``; horovodrun copies only the path
+onto the ranks' command lines). The file lives in the container's own filesystem, so it goes
+with the container, which the launcher always removes when it holds credentials.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from horovod_airflow.operators.command import stash_secrets_script
+from horovod_airflow.operators.command import (
+    RANK_ENV_FILE_VAR,
+    RANK_ENV_WRAPPER,
+    rank_env_file_text,
+)
 from horovod_airflow.operators.exceptions import (
     HorovodImageError,
     HorovodLaunchError,
@@ -37,6 +45,10 @@ from horovod_airflow.operators.launchers.base import (
 )
 
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+#: Where the credentials file is copied into the container before it starts (a folder of its
+#: own at the root, which every image has; not /run or /tmp, which a runtime may mount over).
+SECRET_DIR = "/hva-secrets"
+SECRET_FILE = f"{SECRET_DIR}/rank.env"
 CLEANUP_POLICIES = ("delete", "keep", "delete_on_success")
 #: ``create_container`` arguments the launcher owns: the job (image, command, name,
 #: environment with the credentials, labels that find the container again) and the ones an
@@ -45,7 +57,7 @@ OWNED_CONTAINER_KEYS = {
     "image": "the operator's image",
     "command": "the job's command",
     "name": "the job name (a retry finds its container by it)",
-    "environment": "the operator's env / secret_env / aws_conn_id",
+    "environment": "the operator's env / secret_env / aws_conn_id (credentials: as a file)",
     "labels": "the job's labels (a retry finds its container by them)",
     "detach": "the launcher (it attaches itself)",
     "host_config": "host_config_overrides",
@@ -117,8 +129,8 @@ class DockerOptions:
     :param shm_size: ``/dev/shm`` size when ``ipc_mode`` is not ``"host"``.
     :param network_mode: the container's network (e.g. the compose stack's); None: default.
     :param working_dir: the container's working directory; None: the image's.
-    :param cleanup: ``"delete"``, ``"keep"`` or ``"delete_on_success"``; a container whose
-        environment holds credentials is removed whatever this says.
+    :param cleanup: ``"delete"``, ``"keep"`` or ``"delete_on_success"``; a container that
+        holds credentials (:data:`SECRET_FILE`) is removed whatever this says.
     :param force_pull: pull ``image`` before every job; by default only when missing.
     :param container_overrides: extra ``APIClient.create_container`` arguments merged over
         what the launcher builds (e.g. ``{"user": "1000", "hostname": "trainer"}``); the
@@ -190,18 +202,39 @@ class DockerLauncher(Launcher):
         return self._client
 
     def container_command(self, spec: JobSpec) -> list[str]:
-        """The container's command: horovodrun for ``localhost:N`` (or the one process)."""
+        """The container's command: horovodrun for ``localhost:N`` (or the one process). Each
+        rank (or the one process) sources the credentials file first; no secret is in it."""
         from horovod_airflow.operators.command import Host, horovodrun_argv
 
         if not spec.distributed:
-            return list(spec.argv)
-        argv = horovodrun_argv(
+            return [*RANK_ENV_WRAPPER, *spec.argv] if spec.secret_env else list(spec.argv)
+        return horovodrun_argv(
             spec.argv,
             num_proc=spec.num_proc,
             hosts=[Host("localhost", spec.num_proc)],
             controller=spec.controller,
         )
-        return ["sh", "-c", stash_secrets_script(spec.secret_env), "hva-launch", *argv]
+
+    @staticmethod
+    def secret_archive(secret_env: Mapping[str, str]) -> bytes:
+        """A tar of :data:`SECRET_FILE` (``NAME='value'`` lines), for ``put_archive`` at ``/``.
+        World-readable inside the container, because the launcher cannot know which uid the
+        image runs as; nothing outside the container's processes sees its filesystem but the
+        engine's administrators, who see every container's environment too."""
+        import io
+        import tarfile
+        import time
+
+        data = rank_env_file_text(secret_env).encode()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            folder = tarfile.TarInfo(SECRET_DIR.lstrip("/"))
+            folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(folder)
+            info = tarfile.TarInfo(SECRET_FILE.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), 0o444, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
 
     def create_kwargs(self, spec: JobSpec) -> dict[str, Any]:
         """``APIClient.create_container`` arguments (host config included); tests assert them."""
@@ -230,7 +263,11 @@ class DockerLauncher(Launcher):
         return {
             "image": self.image,
             "command": self.container_command(spec),
-            "environment": {**spec.env, "PYTHONUNBUFFERED": "1", **spec.secret_env},
+            "environment": {
+                **spec.env,
+                "PYTHONUNBUFFERED": "1",
+                **({RANK_ENV_FILE_VAR: SECRET_FILE} if spec.secret_env else {}),
+            },
             "host_config": host_config,
             "name": spec.name,
             "working_dir": opts.working_dir,
@@ -339,6 +376,14 @@ class DockerLauncher(Launcher):
             log.info("created container %s (%s) from %s", spec.name, cid[:12], self.image)
             # Before it starts: a worker that dies from here on leaves a recorded container.
             self.journal.record(self.name, name=spec.name, id=cid)
+            # The credentials, as a file, before the first process runs.
+            if spec.secret_env and not client.put_archive(
+                cid, "/", self.secret_archive(spec.secret_env)
+            ):
+                client.remove_container(cid, force=True)
+                raise HorovodLaunchError(
+                    f"the engine refused to copy the credentials file into {spec.name}"
+                )
             return cid, False
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -413,8 +458,8 @@ class DockerLauncher(Launcher):
             self.client.stop(cid, timeout=10)
 
     def _remove(self, success: bool, holds_secrets: bool = False, log: Any = None) -> None:
-        """Remove the container as ``cleanup`` says, except that one whose environment holds
-        credentials never outlives the job: its output is already in the task log, and its
+        """Remove the container as ``cleanup`` says, except that one that holds credentials
+        (:data:`SECRET_FILE`) never outlives the job: its output is already in the task log, and its
         final state is logged before it goes."""
         cid = self._container_id
         if cid is None:
@@ -431,12 +476,13 @@ class DockerLauncher(Launcher):
                 st = self.client.inspect_container(cid)["State"]
                 state = {k: st.get(k) for k in ("Status", "ExitCode", "OOMKilled", "Error")}
             log.warning(
-                "removing container %s (%s) despite cleanup=%r: its environment holds "
-                "credentials, which must not outlive the job. Its output is in this log; its "
+                "removing container %s (%s) despite cleanup=%r: it holds credentials "
+                "(%s), which must not outlive the job. Its output is in this log; its "
                 "final state: %s",
                 self.image,
                 cid[:12],
                 self.cleanup,
+                SECRET_FILE,
                 state,
             )
 
@@ -455,7 +501,7 @@ class DockerLauncher(Launcher):
                     "succeeded" if success else "failed",
                     e,
                     cid[:12],
-                    ": its environment holds credentials" if holds_secrets else "",
+                    f": it holds credentials ({SECRET_FILE})" if holds_secrets else "",
                 )
 
     def kill(self) -> None:

@@ -7,8 +7,9 @@ file, unpauses ``mnist_horovod_retrain`` and the serving DAG, triggers the retra
 small CPU conf, waits for it, then checks what a platform engineer would: every task succeeded;
 ``latest.json`` names a version whose ``model.onnx`` has the sha256 its manifest records; the
 serving DAG ran on the Asset event and succeeded; no training container is left on the engine;
-no credential of the settings file appears in any container's command line. Prints one JSON
-summary; exits 1 naming each failed check. tests/stack uses the same functions.
+no secret of the stack (its secret files) appears anywhere in ``podman inspect`` of any
+container of the engine, the training containers included (inspected while they run). Prints
+one JSON summary; exits 1 naming each failed check. tests/stack uses the same functions.
 """
 
 from __future__ import annotations
@@ -43,25 +44,35 @@ SMOKE_CONF = {
     "min_accuracy": 0.9,
     "max_regression": 1.0,
 }
-SECRET_KEYS = (
-    "AIRFLOW_ADMIN_PASSWORD",
-    "AIRFLOW_JWT_SECRET",
-    "AIRFLOW_API_SECRET_KEY",
-    "POSTGRES_PASSWORD",
-    "MINIO_ROOT_PASSWORD",
-    "HVA_S3_SECRET_KEY",
-)
+#: The settings this script reads from the stack's secret files (HVA_SECRETS_DIR).
+SECRET_SETTINGS = {
+    "AIRFLOW_ADMIN_PASSWORD": "airflow_admin_password",
+    "HVA_S3_SECRET_KEY": "s3_worker_secret_key",
+}
 
 
 def read_env_file(path: str | Path) -> dict[str, str]:
-    """KEY=VALUE lines of a dotenv file (comments and blanks skipped)."""
+    """KEY=VALUE lines of a dotenv file (comments and blanks skipped), and, where it names
+    its secrets folder (HVA_SECRETS_DIR, relative to the file's folder), the secrets as
+    ``secret:<name>`` and the ones this script uses under :data:`SECRET_SETTINGS`' names."""
     env = {}
     for line in Path(path).read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             env[key.strip()] = value.strip()
+    if env.get("HVA_SECRETS_DIR"):
+        folder = Path(path).resolve().parent / env["HVA_SECRETS_DIR"]
+        for file in sorted(folder.iterdir()):
+            env[f"secret:{file.name}"] = file.read_text().strip()
+        for key, name in SECRET_SETTINGS.items():
+            env[key] = env[f"secret:{name}"]
     return env
+
+
+def secret_values(env: dict[str, str]) -> dict[str, str]:
+    """``name -> value`` of every non-empty secret of the stack."""
+    return {k.removeprefix("secret:"): v for k, v in env.items() if k.startswith("secret:") and v}
 
 
 class ApiError(RuntimeError):
@@ -191,7 +202,7 @@ def s3_client(env: dict[str, str]) -> Any:
 
     return boto3.client(
         "s3",
-        endpoint_url=f"http://127.0.0.1:{env['MINIO_API_PORT']}",
+        endpoint_url=f"http://127.0.0.1:{env['HVA_S3_PORT']}",
         aws_access_key_id=env["HVA_S3_ACCESS_KEY"],
         aws_secret_access_key=env["HVA_S3_SECRET_KEY"],
         region_name=env.get("AWS_REGION", "us-east-1"),
@@ -225,14 +236,14 @@ def s3_store_state(env: dict[str, str]) -> str:
         buckets = [b["Name"] for b in s3_client(env).list_buckets()["Buckets"]]
     except Exception as exc:
         buckets = [f"list_buckets failed: {exc!r}"]
-    containers = podman_json("ps", "-a", "--filter", "label=com.docker.compose.service=minio",
+    containers = podman_json("ps", "-a", "--filter", "label=com.docker.compose.service=seaweedfs",
                              "--format", "json")  # fmt: skip
     ids = [c["Id"] for c in containers]
     restarts = [
         f"{i['Name']}: started {i['State']['StartedAt']}, restarts {i.get('RestartCount')}"
         for i in (podman_json("inspect", *ids) if ids else [])
     ]
-    return f"buckets at 127.0.0.1:{env['MINIO_API_PORT']}: {buckets}; S3 containers: {restarts}"
+    return f"buckets at 127.0.0.1:{env['HVA_S3_PORT']}: {buckets}; S3 containers: {restarts}"
 
 
 def podman_json(*args: str) -> Any:
@@ -248,17 +259,53 @@ def training_containers() -> list[str]:
     ]
 
 
-def credentials_on_command_lines(env: dict[str, str]) -> list[str]:
-    """`container: secret name` for each settings secret found in a container's command line."""
+def secrets_in_inspect(env: dict[str, str], ids: list[str] | None = None) -> list[str]:
+    """`container: secret name` for each secret of the stack found anywhere in ``podman
+    inspect`` of the containers ``ids`` (default: every container on the engine): its
+    environment, command, labels, mounts, everything the engine shows to those who may use it."""
     found = []
-    ids = [c["Id"] for c in podman_json("ps", "-a", "--format", "json")]
+    ids = [c["Id"] for c in podman_json("ps", "-a", "--format", "json")] if ids is None else ids
+    secrets = secret_values(env)
+    assert secrets, "no secrets to look for: the settings name no secrets folder"
     for info in podman_json("inspect", *ids) if ids else []:
-        argv = " ".join([info.get("Path") or "", *(info.get("Args") or [])])
-        argv += " " + " ".join((info.get("Config") or {}).get("Cmd") or [])
-        for key in SECRET_KEYS:
-            if env.get(key) and env[key] in argv:
-                found.append(f"{info['Name']}: {key}")
+        text = json.dumps(info)
+        found += [f"{info['Name']}: {name}" for name, value in secrets.items() if value in text]
     return found
+
+
+class TrainingContainerWatch:
+    """Inspects each training container while it exists (the launcher removes them once
+    done): the secrets found in its ``podman inspect``, and how many were inspected."""
+
+    def __init__(self, env: dict[str, str], period: float = 1.0) -> None:
+        import threading
+
+        self.env, self.period = env, period
+        self.seen: set[str] = set()
+        self.found: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ids = [c["Id"] for c in podman_json("ps", "-a", "--filter", f"label={JOB_LABEL}",
+                                                     "--format", "json")]  # fmt: skip
+                new = [i for i in ids if i not in self.seen]
+                if new:
+                    self.found += secrets_in_inspect(self.env, new)
+                    self.seen.update(new)
+            except subprocess.CalledProcessError:
+                pass  # removed between ps and inspect: the next one is looked at
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> TrainingContainerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
 
 
 def run_smoke(env: dict[str, str], conf: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
@@ -272,13 +319,15 @@ def run_smoke(env: dict[str, str], conf: dict[str, Any], timeout: float = 1800) 
         api.wait_for_dag(dag_id)
         api.unpause(dag_id)
     start = time.monotonic()
-    run_id = api.trigger(RETRAIN_DAG, conf)
-    run = api.wait_for_run(RETRAIN_DAG, run_id, timeout)
+    with TrainingContainerWatch(env) as watch:
+        run_id = api.trigger(RETRAIN_DAG, conf)
+        run = api.wait_for_run(RETRAIN_DAG, run_id, timeout)
     summary: dict[str, Any] = {
         "run_id": run_id,
         "state": run["state"],
         "seconds": round(time.monotonic() - start, 1),
         "tasks": api.task_states(RETRAIN_DAG, run_id),
+        "training_containers_inspected": len(watch.seen),
         "failures": [],
     }
     failures = summary["failures"]
@@ -315,9 +364,11 @@ def run_smoke(env: dict[str, str], conf: dict[str, Any], timeout: float = 1800) 
     left = training_containers()
     if left:
         failures.append(f"training containers left on the engine: {left}")
-    leaks = credentials_on_command_lines(env)
+    if not watch.seen:
+        failures.append("no training container was seen to inspect it for secrets")
+    leaks = watch.found + secrets_in_inspect(env)
     if leaks:
-        failures.append(f"credentials on container command lines: {leaks}")
+        failures.append(f"secrets in `podman inspect` of containers: {leaks}")
     return summary
 
 

@@ -19,7 +19,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+from unittest import mock
 
 import jsonschema
 import pytest
@@ -32,6 +34,18 @@ DOCKER_DIR = REPO / "docker"
 SCHEMA = Path(__file__).with_name("compose-spec.json")
 LOCK = REPO / "requirements" / "lock.txt"
 DOCKERFILES = sorted(DOCKER_DIR.glob("*.Dockerfile"))
+
+
+def _load_hva_config() -> ModuleType:
+    """docker/hva_config.py, the stack's configuration job (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("hva_config", DOCKER_DIR / "hva_config.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HVA_CONFIG = _load_hva_config()
 
 # The names the brief fixes, used when dags/ does not (yet) spell them out.
 DEFAULT_CONN_IDS = {"aws_default"}
@@ -395,9 +409,10 @@ def test_docker_compose_config_resolves_the_gpu_reservation(
     devices = resolved["services"]["trainer"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     network = read_env_file(ENV_EXAMPLE)["HVA_DOCKER_NETWORK"]
-    assert resolved["networks"]["default"]["name"] == network
+    assert resolved["networks"]["training"]["name"] == network
     scheduler_env = resolved["services"]["airflow-scheduler"]["environment"]
-    assert json.loads(scheduler_env["AIRFLOW_CONN_AWS_DEFAULT"])["conn_type"] == "aws"
+    assert scheduler_env["AIRFLOW__SECRETS__BACKEND"].endswith("LocalFilesystemBackend")
+    assert set(resolved["secrets"]) >= {"postgres_password", "s3_worker_secret_key"}
 
 
 # ==================================================================================================
@@ -416,20 +431,77 @@ def test_env_example_lists_nothing_the_compose_file_ignores(example_env: dict[st
     assert not unused, f".env.example sets variables docker-compose.yml never reads: {unused}"
 
 
-def test_env_example_holds_placeholders_not_secrets(example_env: dict[str, str]) -> None:
-    secret_like = [k for k in example_env if re.search(r"PASSWORD|SECRET|FERNET", k)]
-    assert secret_like, "expected the secrets to be listed in .env.example"
-    for key in secret_like:
-        value = example_env[key]
-        assert value == "" or "change-me" in value, (
-            f"{key} in .env.example looks like a real secret"
-        )
+def test_env_example_holds_no_secret(example_env: dict[str, str]) -> None:
+    """The secrets are files (HVA_SECRETS_DIR), so .env, which Compose interpolates into the
+    services' environments, holds none."""
+    secret_like = [
+        k for k in example_env if re.search(r"PASSWORD|SECRET|FERNET", k) and k != "HVA_SECRETS_DIR"
+    ]
+    assert not secret_like, f"secrets belong in HVA_SECRETS_DIR files, not .env: {secret_like}"
 
 
-def test_minio_credentials_meet_minio_length_rules(example_env: dict[str, str]) -> None:
-    for key in ("MINIO_ROOT_PASSWORD", "HVA_S3_ACCESS_KEY", "HVA_S3_SECRET_KEY"):
-        assert len(example_env[key]) >= 8, f"{key}: MinIO wants at least 8 characters"
-    assert len(example_env["MINIO_ROOT_USER"]) >= 3
+def test_every_secret_is_a_file_in_the_secrets_folder(stack: dict[str, Any]) -> None:
+    declared = compose_raw()["secrets"]
+    assert set(declared) == set(HVA_CONFIG.SECRETS) | set(HVA_CONFIG.OPTIONAL_SECRETS)
+    for name, spec in declared.items():
+        assert spec == {"file": f"${{HVA_SECRETS_DIR:-./secrets}}/{name}"}, name
+    assert "secrets/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+SECRET_PATH = re.compile(r"/run/secrets/([a-z0-9_]+)")
+
+
+def test_no_service_gets_a_secret_through_its_environment(stack: dict[str, Any]) -> None:
+    """Secrets arrive as files: an environment value may name a secret's file
+    (``*_CMD: cat /run/secrets/x``, ``*_FILE``), never hold one; and each service mounts every
+    secret file it names."""
+    marked = {k: f"hva-secret-{i}" for i, k in enumerate(sorted(compose_vars()))}
+    for name, service in compose_with(marked)["services"].items():
+        env = service_env(service)
+        for key in env:
+            assert not re.search(r"PASSWORD$|SECRET$|SECRET_KEY$|FERNET_KEY$", key), (name, key)
+        named = {m for v in env.values() for m in SECRET_PATH.findall(v)}
+        mounted = set(service.get("secrets") or [])
+        assert named <= mounted, f"{name} names secret files it does not mount: {named - mounted}"
+
+
+def test_the_airflow_services_read_their_secrets_through_cmd_settings(
+    stack: dict[str, Any],
+) -> None:
+    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+        env = service_env(stack["services"][name])
+        for key, secret in (
+            ("AIRFLOW__CORE__FERNET_KEY_CMD", "airflow_fernet_key"),
+            ("AIRFLOW__API_AUTH__JWT_SECRET_CMD", "airflow_jwt_secret"),
+            ("AIRFLOW__API__SECRET_KEY_CMD", "airflow_api_secret_key"),
+        ):
+            assert env[key] == f"cat /run/secrets/{secret}", (name, key)
+        assert "/run/secrets/postgres_password" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD"]
+        assert not any(k.startswith("AIRFLOW_CONN_") for k in env), name
+    init = service_env(stack["services"]["airflow-init"])
+    assert init["_AIRFLOW_WWW_USER_PASSWORD_CMD"] == "cat /run/secrets/airflow_admin_password"
+    assert "_AIRFLOW_WWW_USER_PASSWORD" not in init
+
+
+def test_the_database_url_command_builds_the_url_from_the_secret_file(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    """The *_CMD as Airflow runs it (``shlex.split``, no shell), with the secret file at a
+    temporary path: the URL it prints is the one PostgreSQL's user and password open."""
+    import shlex
+
+    env = service_env(stack["services"]["airflow-scheduler"])
+    (tmp_path / "postgres_password").write_text("pw0123\n")
+    command = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD"].replace(
+        "/run/secrets/", f"{tmp_path}/"
+    )
+    out = subprocess.run(shlex.split(command), capture_output=True, text=True, check=True)
+    postgres = service_env(stack["services"]["postgres"])
+    assert out.stdout == (
+        f"postgresql+psycopg2://{postgres['POSTGRES_USER']}:pw0123@postgres/"
+        f"{postgres['POSTGRES_DB']}"
+    )
+    assert postgres["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
 
 
 # ==================================================================================================
@@ -471,13 +543,19 @@ def test_start_order_has_no_cycle(stack: dict[str, Any]) -> None:
         for n in ready:
             del graph[n]
     assert order.index("postgres") < order.index("airflow-init") < order.index("airflow-scheduler")
-    assert order.index("minio") < order.index("minio-init") < order.index("airflow-scheduler")
+    assert order.index("seaweedfs") < order.index("seaweedfs-init")
+    assert order.index("seaweedfs-init") < order.index("airflow-scheduler")
+    # the placeholder and secret-file check runs before anything is created with a secret
+    for name in ("postgres", "seaweedfs", "airflow-init"):
+        assert depends_on(stack["services"][name]).get("hva-config") == (
+            "service_completed_successfully"
+        ), name
 
 
 def test_the_scheduler_starts_only_after_every_init_job(stack: dict[str, Any]) -> None:
     services = stack["services"]
     deps = depends_on(services["airflow-scheduler"])
-    for job in ("airflow-init", "minio-init", "trainer", "docker-launcher-check"):
+    for job in ("airflow-init", "seaweedfs-init", "trainer", "docker-launcher-check"):
         assert deps.get(job) == "service_completed_successfully", job
     assert deps.get("postgres") == "service_healthy"
     assert deps.get("airflow-apiserver") == "service_healthy"
@@ -489,7 +567,7 @@ def test_the_init_job_migrates_and_creates_the_admin(stack: dict[str, Any]) -> N
     init = stack["services"]["airflow-init"]
     env = service_env(init)
     assert env["_AIRFLOW_DB_MIGRATE"] == "true" and env["_AIRFLOW_WWW_USER_CREATE"] == "true"
-    assert env["_AIRFLOW_WWW_USER_USERNAME"] and env["_AIRFLOW_WWW_USER_PASSWORD"]
+    assert env["_AIRFLOW_WWW_USER_USERNAME"] and env["_AIRFLOW_WWW_USER_PASSWORD_CMD"]
     # `airflow users create` (what the entrypoint runs for the admin) exists with FAB only.
     assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("FabAuthManager")
 
@@ -497,42 +575,77 @@ def test_the_init_job_migrates_and_creates_the_admin(stack: dict[str, Any]) -> N
 # ==================================================================================================
 # wiring: the names the DAG uses exist in the stack
 # ==================================================================================================
-def test_the_dag_connection_points_at_minio(stack: dict[str, Any]) -> None:
+def rendered(stack: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(identities, connections) as hva-config renders them from the stack's settings, with
+    the secrets of a fake secrets folder."""
+    secrets = {name: f"{name}-value" for name in HVA_CONFIG.SECRETS}
+    secrets["smtp_password"] = ""
+    env = service_env(stack["services"]["hva-config"])
+    with mock.patch.dict(os.environ, env, clear=True):
+        return HVA_CONFIG.identities(secrets), HVA_CONFIG.connections(secrets)
+
+
+def test_the_dags_connections_are_in_the_file_hva_config_renders(stack: dict[str, Any]) -> None:
     services = stack["services"]
+    identities, connections = rendered(stack)
+    seaweedfs = services["seaweedfs"]
     for name in AIRFLOW_SERVICES:
         env = service_env(services[name])
+        kwargs = json.loads(env["AIRFLOW__SECRETS__BACKEND_KWARGS"])
+        assert (
+            env["AIRFLOW__WORKERS__SECRETS_BACKEND_KWARGS"]
+            == env["AIRFLOW__SECRETS__BACKEND_KWARGS"]
+        )
+        path = Path(kwargs["connections_file_path"])
+        assert path == HVA_CONFIG.CONFIG_DIR / "airflow" / "connections.json"
+        assert f"hva-config:{HVA_CONFIG.CONFIG_DIR}:ro" in services[name]["volumes"], name
         conn_ids, _, _ = pipeline_names(env)
-        for conn_id in conn_ids:
-            key = f"AIRFLOW_CONN_{conn_id.upper()}"
-            assert key in env, f"{name}: the DAG's connection {conn_id!r} is not defined ({key})"
-            conn = json.loads(env[key])
+        for conn_id in conn_ids | {env["HVA_RANK_AWS_CONN_ID"]}:
+            assert conn_id in connections, (
+                f"{name}: the DAG's connection {conn_id!r} is not rendered"
+            )
+            conn = connections[conn_id]
             if conn["conn_type"] == "smtp":  # the alerts' (HVA_SMTP_CONN_ID): the user's server
                 assert conn["host"] and isinstance(conn["port"], int), conn
                 continue
-            assert conn["conn_type"] == "aws"
-            assert conn["login"] and conn["password"]
-            endpoint = conn["extra"]["endpoint_url"]
-            match = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", endpoint)
-            assert match, endpoint
-            assert match.group(1) in services, f"{endpoint}: no service {match.group(1)}"
-            assert match.group(2) == "9000"  # MinIO's S3 port inside the network
+            assert conn["conn_type"] == "aws" and conn["login"] and conn["password"]
+            match = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", conn["extra"]["endpoint_url"])
+            assert match and match.group(1) == "seaweedfs", conn["extra"]
+            assert f"-s3.port={match.group(2)}" in seaweedfs["command"]
+    assert "-s3.config=/hva-config/s3/identities.json" in seaweedfs["command"]
+    assert "hva-config:/hva-config:ro" in seaweedfs["volumes"]
+    assert len(identities["identities"]) == 3
 
 
-def test_the_connection_uses_the_pipeline_user_that_minio_init_creates(
-    stack: dict[str, Any],
-) -> None:
+def test_the_connections_use_the_identities_the_store_checks(stack: dict[str, Any]) -> None:
+    identities, connections = rendered(stack)
+    by_key = {
+        c["accessKey"]: (i["name"], c["secretKey"], i["actions"])
+        for i in identities["identities"]
+        for c in i["credentials"]
+    }
+    bucket = service_env(stack["services"]["hva-config"])["HVA_BUCKET"]
+    worker, ranks = connections["aws_default"], connections["hva_ranks"]
+    assert by_key[worker["login"]][:2] == ("airflow-worker", worker["password"])
+    assert by_key[ranks["login"]][:2] == ("training-ranks", ranks["password"])
+    # the worker: its bucket only, and no Admin (it cannot make buckets or identities)
+    assert all(a.endswith(f":{bucket}") for a in by_key[worker["login"]][2])
+    # the ranks: as the embedded stack's (scripts/devstack.py), where the tests check them
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import devstack
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert by_key[ranks["login"]][2] == devstack.rank_actions(bucket)
+    admin = service_env(stack["services"]["hva-config"])["HVA_S3_ADMIN_ACCESS_KEY"]
+    assert by_key[admin][0] == "stack-admin" and admin not in (worker["login"], ranks["login"])
+
+
+def test_the_dag_bucket_is_the_bucket_seaweedfs_init_creates(stack: dict[str, Any]) -> None:
     services = stack["services"]
-    conn = json.loads(service_env(services["airflow-scheduler"])["AIRFLOW_CONN_AWS_DEFAULT"])
-    init_env = service_env(services["minio-init"])
-    assert conn["login"] == init_env["HVA_S3_ACCESS_KEY"]
-    assert conn["password"] == init_env["HVA_S3_SECRET_KEY"]
-    assert conn["login"] != service_env(services["minio"])["MINIO_ROOT_USER"]
-
-
-def test_the_dag_bucket_is_the_bucket_minio_init_creates(stack: dict[str, Any]) -> None:
-    services = stack["services"]
-    bucket = service_env(services["minio-init"])["HVA_BUCKET"]
-    assert bucket, "minio-init creates no bucket"
+    init = services["seaweedfs-init"]
+    bucket = service_env(init)["HVA_BUCKET"]
+    assert init["entrypoint"][-1] == "bucket" and init["secrets"] == ["s3_admin_secret_key"]
     for name in AIRFLOW_SERVICES:
         env = service_env(services[name])
         _, variables, _ = pipeline_names(env)
@@ -540,6 +653,34 @@ def test_the_dag_bucket_is_the_bucket_minio_init_creates(stack: dict[str, Any]) 
         for key in variables:
             if "bucket" in key:
                 assert env[f"AIRFLOW_VAR_{key.upper()}"] == bucket, (name, key)
+
+
+def test_the_object_stores_unauthenticated_listeners_stay_inside_its_container(
+    stack: dict[str, Any],
+) -> None:
+    """The master, volume server and filer check no credentials: only the S3 API (which
+    does) listens beyond the container's loopback; buckets are never made by a PUT."""
+    command = stack["services"]["seaweedfs"]["command"]
+    assert command[0] == "server"
+    for flag in ("-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3.ip.bind=0.0.0.0",
+                 "-s3.autoCreateBucket=false", "-s3.allowDeleteBucketNotEmpty=false",
+                 "-s3.iam=false", "-master.telemetry=false"):  # fmt: skip
+        assert flag in command, flag
+    assert stack["services"]["seaweedfs"]["entrypoint"] == ["/usr/bin/weed"]
+    assert stack["services"]["seaweedfs"]["ports"] == ["127.0.0.1:8333:8333"]
+
+
+def test_training_containers_reach_the_object_store_and_nothing_else(
+    stack: dict[str, Any],
+) -> None:
+    services = stack["services"]
+    training = stack["networks"]["training"]["name"]
+    assert stack["networks"]["training"]["internal"] is True  # no route to other networks
+    on_training = sorted(n for n, s in services.items() if "training" in (s.get("networks") or []))
+    assert on_training == ["seaweedfs"]
+    assert set(services["seaweedfs"]["networks"]) == {"default", "training"}
+    for name in AIRFLOW_SERVICES:
+        assert service_env(services[name])["HVA_DOCKER_NETWORK"] == training
 
 
 def test_every_env_var_the_dag_reads_is_set_for_the_airflow_services(
@@ -559,13 +700,28 @@ def test_the_docker_launcher_can_start_training_containers(stack: dict[str, Any]
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"  # tasks run in the scheduler
     assert env["HVA_LAUNCHER"] == "docker"
     assert env["HVA_TRAINER_IMAGE"] == services["trainer"]["image"]
-    assert env["HVA_DOCKER_NETWORK"] == stack["networks"]["default"]["name"]
-    socket_path = env["DOCKER_HOST"].removeprefix("unix://")
-    targets = [v.split(":")[1] for v in scheduler["volumes"] if isinstance(v, str)]
-    assert socket_path in targets, "the scheduler has no Docker socket at DOCKER_HOST"
-    assert scheduler.get("group_add"), "the scheduler's user needs the socket's group"
+    assert env["HVA_DOCKER_NETWORK"] == stack["networks"]["training"]["name"]
+    # The engine through the proxy only: its socket's folder, never the engine's socket.
+    socket_path = Path(env["DOCKER_HOST"].removeprefix("unix://"))
+    proxy = services["docker-socket-proxy"]
+    assert f"--listen={socket_path}" in proxy["entrypoint"]
+    assert f"--network={env['HVA_DOCKER_NETWORK']}" in proxy["entrypoint"]
+    assert f"--owner={scheduler['user']}" in proxy["entrypoint"]
+    assert proxy["network_mode"] == "none"
+    engine_socket = "/var/run/docker.sock"
+    assert f"{engine_socket}:{engine_socket}" in proxy["volumes"] and proxy.get("group_add")
     check = services["docker-launcher-check"]
-    assert check["group_add"] == scheduler["group_add"] and check["user"] == scheduler["user"]
+    for name, service in services.items():
+        targets = [v.split(":")[1] for v in service.get("volumes") or [] if isinstance(v, str)]
+        if name in ("airflow-scheduler", "docker-launcher-check"):
+            assert f"docker-proxy:{socket_path.parent}" in service["volumes"], name
+        if name != "docker-socket-proxy":
+            assert engine_socket not in targets, f"{name} mounts the engine's socket"
+    assert check["user"] == scheduler["user"]
+    deps = depends_on(scheduler)
+    assert (
+        deps["docker-socket-proxy"] == depends_on(check)["docker-socket-proxy"] == "service_healthy"
+    )
 
 
 def test_the_trainer_reserves_nvidia_gpus(stack: dict[str, Any]) -> None:
@@ -598,13 +754,6 @@ def test_host_ports_are_bound_to_loopback(stack: dict[str, Any]) -> None:
     for name, service in stack["services"].items():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name}: {port} is open to the network"
-
-
-def test_airflow_services_share_one_jwt_secret(stack: dict[str, Any]) -> None:
-    secrets = {
-        service_env(stack["services"][n])["AIRFLOW__API_AUTH__JWT_SECRET"] for n in AIRFLOW_SERVICES
-    }
-    assert len(secrets) == 1 and "" not in secrets
 
 
 # ==================================================================================================
@@ -781,7 +930,7 @@ def test_airflow_pins_come_from_the_lock(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("shell", "script"),
     [
-        ("sh", "docker/minio-init.sh"),
+        ("bash", "scripts/stack_secrets.sh"),
         ("bash", "docker/install_cuda_compiler.sh"),
         ("bash", "scripts/build_horovod.sh"),
     ],
@@ -791,24 +940,89 @@ def test_shell_scripts_parse(shell: str, script: str) -> None:
     assert run.returncode == 0, run.stderr
 
 
-def test_minio_init_names_a_missing_setting(stack: dict[str, Any]) -> None:
-    env = {k: v for k, v in service_env(stack["services"]["minio-init"]).items()}
-    env.pop("HVA_S3_SECRET_KEY")
-    env["PATH"] = os.environ["PATH"]
-    run = subprocess.run(
-        ["sh", str(DOCKER_DIR / "minio-init.sh")], capture_output=True, text=True, env=env
-    )
-    assert run.returncode != 0
-    assert "HVA_S3_SECRET_KEY" in run.stderr and ".env.example" in run.stderr
+def run_hva_config(
+    command: str, secrets: Path, config: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """docker/hva_config.py for real, with the secrets folder and output at temporary paths."""
+    return subprocess.run(
+        [sys.executable, str(DOCKER_DIR / "hva_config.py"), command],
+        env={"PATH": os.environ["PATH"], **env, "HVA_SECRETS_MOUNT": str(secrets),
+             "HVA_CONFIG_DIR": str(config), "AIRFLOW_UID": str(os.getuid())},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
 
 
-def test_minio_init_grants_the_pipeline_user_only_its_bucket() -> None:
-    script = (DOCKER_DIR / "minio-init.sh").read_text()
-    assert 'mc mb --ignore-existing "hva/$HVA_BUCKET"' in script
-    policy = script.split("<<JSON", 1)[1].split("\nJSON", 1)[0]
-    document = json.loads(policy.replace("$HVA_BUCKET", "horovod-airflow"))
-    resources = {r for s in document["Statement"] for r in s["Resource"]}
-    assert resources == {"arn:aws:s3:::horovod-airflow", "arn:aws:s3:::horovod-airflow/*"}
+@pytest.fixture
+def secrets_dir(tmp_path: Path) -> Path:
+    """A secrets folder as docs/deployment.md's command writes it (run as written, in a
+    temporary folder instead of the checkout)."""
+    from tests import readme
+
+    script, *args = readme.command("scripts/stack_secrets.sh secrets").split()
+    run = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return tmp_path / "secrets"
+
+
+def test_stack_secrets_writes_every_secret_once_and_shows_none(secrets_dir: Path) -> None:
+    files = {p.name: p for p in secrets_dir.iterdir()}
+    assert set(files) == set(HVA_CONFIG.SECRETS) | set(HVA_CONFIG.OPTIONAL_SECRETS)
+    for name, path in files.items():
+        assert path.stat().st_mode & 0o777 == 0o640, name
+        assert not path.read_text().endswith("\n"), name
+    before = {n: p.read_text() for n, p in files.items()}
+    again = subprocess.run(["bash", str(REPO / "scripts" / "stack_secrets.sh"), str(secrets_dir)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0 and again.stdout == ""
+    assert {n: p.read_text() for n, p in files.items()} == before  # kept, not rotated
+    assert not any(v and v in again.stderr for v in before.values())
+
+
+def test_hva_config_renders_the_identities_and_connections(
+    stack: dict[str, Any], secrets_dir: Path, tmp_path: Path
+) -> None:
+    env = service_env(stack["services"]["hva-config"])
+    run = run_hva_config("render", secrets_dir, tmp_path / "cfg", env)
+    assert run.returncode == 0, run.stderr
+    identities = tmp_path / "cfg" / "s3" / "identities.json"
+    conns = tmp_path / "cfg" / "airflow" / "connections.json"
+    assert identities.stat().st_mode & 0o777 == 0o400 and conns.stat().st_mode & 0o777 == 0o440
+    worker_secret = (secrets_dir / "s3_worker_secret_key").read_text()
+    assert json.loads(conns.read_text())["aws_default"]["password"] == worker_secret
+    assert worker_secret in identities.read_text()
+    for value in (p.read_text() for p in secrets_dir.iterdir()):
+        assert not value or value not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (("file", "s3_ranks_secret_key", None), "the secret file s3_ranks_secret_key is missing"),
+        (("file", "postgres_password", ""), "the secret file postgres_password"),
+        (("file", "airflow_jwt_secret", "change-me-jwt"), "secret airflow_jwt_secret"),
+        (("env", "HVA_S3_ACCESS_KEY", "change-me-key"), "HVA_S3_ACCESS_KEY"),
+        (("file", "airflow_fernet_key", "not-a-key"), "is not a Fernet key"),
+    ],
+)
+def test_hva_config_refuses_to_start_the_stack_naming_the_setting(
+    stack: dict[str, Any], secrets_dir: Path, tmp_path: Path,
+    change: tuple[str, str, str | None], named: str,
+) -> None:  # fmt: skip
+    where, name, value = change
+    env = service_env(stack["services"]["hva-config"])
+    if where == "env":
+        env[name] = str(value)
+    elif value is None:
+        (secrets_dir / name).unlink()
+    else:
+        (secrets_dir / name).write_text(value)
+    run = run_hva_config("render", secrets_dir, tmp_path / "cfg", env)
+    assert run.returncode == 1
+    assert named in run.stderr, run.stderr
+    if value:
+        assert value not in run.stderr.replace("change-me...", "")  # named, never shown
+    assert not (tmp_path / "cfg").exists()  # nothing rendered
 
 
 def test_docker_launcher_check_names_the_fix_when_the_engine_is_unreachable(

@@ -1,5 +1,6 @@
 """The engine scripts refuse a state folder in /var/tmp that someone else owns (it would hold
-the API socket, the stack's secrets and logs), naming it; their own is used as before."""
+the API socket, the stack's secrets and logs), naming it; their own is used as before.
+(The stack's refusal of .env.example's placeholders: tests/compose, docker/hva_config.py.)"""
 
 from __future__ import annotations
 
@@ -44,21 +45,3 @@ def test_a_state_folder_owned_by_another_user_is_refused(
     assert run.returncode != 0
     assert f"state folder {foreign_folder} is owned by uid {NOBODY}" in run.stderr, run.stderr
     assert list(foreign_folder.iterdir()) == []  # nothing written into it
-
-
-def test_the_placeholders_of_env_example_are_refused_by_name(tmp_path: Path) -> None:
-    """docker/refuse_placeholders.sh, run first by both init jobs: .env.example's values stop
-    it naming the variables (not the values); real values pass."""
-    from tests.compose.test_compose import read_env_file
-
-    example = read_env_file(REPO / ".env.example")
-    script = REPO / "docker" / "refuse_placeholders.sh"
-    base = {"PATH": os.environ["PATH"]}
-    refused = subprocess.run(["sh", str(script)], env={**base, **example},
-                             capture_output=True, text=True)  # fmt: skip
-    assert refused.returncode == 1
-    placeholders = sorted(k for k, v in example.items() if "change-me" in v)
-    assert placeholders and all(k in refused.stderr for k in placeholders), refused.stderr
-    assert "change-me-" not in refused.stderr.replace("change-me...", "")  # no value shown
-    real = {k: ("x" + os.urandom(8).hex() if "change-me" in v else v) for k, v in example.items()}
-    assert subprocess.run(["sh", str(script)], env={**base, **real}).returncode == 0

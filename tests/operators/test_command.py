@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,6 @@ from horovod_airflow.operators.command import (
     program_argv,
     rank_env_file_text,
     redact,
-    stash_secrets_script,
     trainer_args_to_argv,
 )
 
@@ -279,30 +281,26 @@ def test_rank_wrapper_stops_when_the_file_exists_but_is_unreadable():
         shutil.rmtree(folder)
 
 
-def test_stash_script_moves_secrets_out_of_the_environment():
-    """In a container: secrets leave the environment (so horovodrun cannot copy them onto
-    rank command lines) and reappear in the ranks through the file."""
-    script = stash_secrets_script(["AWS_SECRET_ACCESS_KEY"])
-    rank_probe = "import os; print(os.environ.get('AWS_SECRET_ACCESS_KEY'), os.environ['HVA_SEEN'])"
-    # "horovodrun" stand-in: reports what it sees, then starts a "rank" through the wrapper.
-    launcher_probe = (
-        "sh -c 'export HVA_SEEN=${AWS_SECRET_ACCESS_KEY:-absent}; exec \"$@\"' x "
-        + " ".join(f"'{a}'" for a in RANK_ENV_WRAPPER[:2])
-        + " '"
-        + RANK_ENV_WRAPPER[2].replace("'", "'\\''")
-        + "' hva-rank python -c \""
-        + rank_probe
-        + '"'
-    )
-    env = {"PATH": os.environ["PATH"], "AWS_SECRET_ACCESS_KEY": "s3cr'et"}
+def test_the_docker_launchers_credentials_file_reaches_the_program(tmp_path: Path) -> None:
+    """The file the docker launcher copies into a container (its tar, extracted for real, as
+    the engine does at ``/``), sourced by the rank wrapper: the program sees the secret,
+    which was never in the environment the container started with."""
+    from horovod_airflow.operators.launchers.docker import SECRET_FILE, DockerLauncher
+
+    archive = DockerLauncher.secret_archive({"AWS_SECRET_ACCESS_KEY": "s3cr'et $x"})
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert tar.getmember(SECRET_FILE.lstrip("/")).mode == 0o444
+        tar.extractall(tmp_path, filter="fully_trusted")  # as the engine extracts it
+    env_file = tmp_path / SECRET_FILE.lstrip("/")
+    assert oct(env_file.stat().st_mode & 0o777) == "0o444"
     out = subprocess.run(
-        ["sh", "-c", script, "hva-launch", "sh", "-c", launcher_probe],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+        [*RANK_ENV_WRAPPER, sys.executable, "-c",
+         "import os; print(os.environ['AWS_SECRET_ACCESS_KEY'])"],
+        env={"PATH": os.environ["PATH"], RANK_ENV_FILE_VAR: str(env_file)},
+        capture_output=True, text=True,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["s3cr'et", "absent"]
+    assert out.stdout.strip() == "s3cr'et $x"
 
 
 def test_redact():

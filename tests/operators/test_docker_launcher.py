@@ -8,6 +8,9 @@ engine would receive.
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
 import threading
 from typing import Any
 from unittest import mock
@@ -21,9 +24,14 @@ from horovod_airflow.operators import (
     HorovodTrainingError,
     HorovodTrainOperator,
 )
-from horovod_airflow.operators.command import RANK_ENV_WRAPPER
+from horovod_airflow.operators.command import RANK_ENV_FILE_VAR, RANK_ENV_WRAPPER
 from horovod_airflow.operators.launchers.base import JobSpec
-from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions, split_mounts
+from horovod_airflow.operators.launchers.docker import (
+    SECRET_FILE,
+    DockerLauncher,
+    DockerOptions,
+    split_mounts,
+)
 from tests.operators.helpers import PROGRAM, LineLog, context
 
 SECRET = "docker-test-secret-value"
@@ -90,6 +98,13 @@ class FakeDockerClient:
             return self.existing
         raise NotFound(f"No such container: {name_or_id}")
 
+    archives: list[tuple[str, bytes]]  # what put_archive received: (path, tar bytes)
+
+    def put_archive(self, cid: str, path: str, data: bytes) -> bool:
+        self.calls.append(("put_archive", path))
+        self.archives = [*getattr(self, "archives", []), (path, data)]
+        return True
+
     def attach(self, cid: str, **kwargs: Any):
         self.calls.append(("attach", kwargs))
         return iter(self.chunks)
@@ -120,7 +135,7 @@ def spec(**kw: Any) -> JobSpec:
     base = dict(
         name="hvd-train-1234",
         argv=[*PROGRAM, "--data", "s3://b/d", "--output", "s3://b/o"],
-        env={"AWS_ENDPOINT_URL": "http://minio:9000"},
+        env={"AWS_ENDPOINT_URL": "http://seaweedfs:8333"},
         secret_env={"AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"},
         num_proc=2,
         gpus_per_proc=1,
@@ -154,10 +169,7 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
 
     created = client.created
     assert created["image"] == "hva/trainer:1"
-    assert created["command"][:2] == ["sh", "-c"]
-    assert "AWS_SECRET_ACCESS_KEY" in created["command"][2]  # the stash script names it...
-    assert created["command"][3:] == [
-        "hva-launch",
+    assert created["command"] == [
         "horovodrun",
         "--gloo",
         "-np",
@@ -171,9 +183,18 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
         "--output",
         "s3://b/o",
     ]
-    assert SECRET not in " ".join(created["command"])  # ...but never holds the value
-    assert created["environment"]["AWS_SECRET_ACCESS_KEY"] == SECRET  # container env only
-    assert created["environment"]["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    # No credential in what `docker inspect` shows (command, environment): a file instead,
+    # copied in before the container starts, that the ranks' wrapper sources.
+    assert SECRET not in json.dumps(created, default=str)
+    assert "AWS_SECRET_ACCESS_KEY" not in created["environment"]
+    assert created["environment"][RANK_ENV_FILE_VAR] == SECRET_FILE
+    assert created["environment"]["AWS_ENDPOINT_URL"] == "http://seaweedfs:8333"
+    [(path, archive)] = client.archives
+    assert path == "/"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.getmember(SECRET_FILE.lstrip("/"))
+        text = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+    assert f"AWS_SECRET_ACCESS_KEY={SECRET}" in text.splitlines()
     host = created["host_config"]
     assert host["DeviceRequests"] == [
         {"Driver": "", "Count": 2, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}
@@ -188,6 +209,7 @@ def test_container_spec_gpus_shm_ipc_mounts_and_secret_free_command():
         "inspect_image",
         "inspect",
         "create",
+        "put_archive",
         "attach",
         "start",
         "wait",
@@ -346,9 +368,11 @@ def test_operator_uses_docker_hook_with_injectable_url(s3_server):
     hook_cls.assert_called_once_with(docker_conn_id=None, base_url="unix:///run/podman/podman.sock")
     assert result["val_accuracy"] == 0.9
     env = client.created["environment"]
-    assert env["AWS_SECRET_ACCESS_KEY"] == s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    secret = s3_server.env["AWS_SECRET_ACCESS_KEY"]
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env[RANK_ENV_FILE_VAR] == SECRET_FILE
     assert env["AWS_ENDPOINT_URL"] == s3_server.endpoint
-    assert s3_server.env["AWS_SECRET_ACCESS_KEY"] not in " ".join(client.created["command"])
+    assert secret not in json.dumps(client.created, default=str)
+    assert secret.encode() in client.archives[0][1]  # the file copied into the container
 
 
 def test_bad_mount_is_named():
@@ -423,7 +447,12 @@ def left_container(running: bool) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("left", "race", "calls", "message"),
     [
-        (None, None, ["inspect", "create", "attach", "start", "wait"], "created container"),
+        (
+            None,
+            None,
+            ["inspect", "create", "put_archive", "attach", "start", "wait"],
+            "created container",
+        ),
         (
             left_container(running=True),
             None,
@@ -433,7 +462,7 @@ def left_container(running: bool) -> dict[str, Any]:
         (
             left_container(running=False),
             None,
-            ["inspect", "remove", "create", "attach", "start", "wait"],
+            ["inspect", "remove", "create", "put_archive", "attach", "start", "wait"],
             "removing container hvd-train-1234 (made by try 1, exited, exit code 137)",
         ),
         (

@@ -8,8 +8,10 @@ images, cached by a hash of their inputs, built before pytest by ``scripts/prebu
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,8 +21,9 @@ from types import ModuleType
 
 import pytest
 
+from tests import readme
 from tests.conftest import REPO, free_port
-from tests.engine_scripts import run_script
+from tests.engine_scripts import podman_cli_env, run_script
 
 PROJECT = "hva-stack-test"
 # The stack's start takes a few minutes (the images are built by the stack_images fixture).
@@ -57,6 +60,9 @@ def project_containers() -> list[str]:
     return out.split()
 
 
+_cli_env = functools.cache(podman_cli_env)
+
+
 @dataclass
 class Stack:
     """A running stack: its settings file (secrets included) and endpoints."""
@@ -67,7 +73,17 @@ class Stack:
     script_env: dict[str, str]
 
     def podman(self, *args: str) -> str:
-        return subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout
+        """The podman CLI with the engine's settings (runc, ulimits: a ``run`` or ``exec``
+        needs them); raises naming stderr when it fails."""
+        run = subprocess.run(
+            ["podman", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **podman_cli_env()},
+        )
+        if run.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args[:2])} failed: {run.stderr[-2000:]}")
+        return run.stdout
 
     def containers(self) -> list[str]:
         return project_containers()
@@ -77,7 +93,8 @@ class Stack:
 def stack(
     tmp_path_factory: pytest.TempPathFactory, stack_images: dict[str, str]
 ) -> Iterator[Stack]:
-    """Images built (or found current), the stack up; afterwards `down` must leave nothing.
+    """Images built (or found current), the stack up; afterwards `down --volumes` must leave
+    nothing.
 
     Package-scoped: the stack's services are down again before the rest of the suite runs.
     """
@@ -91,8 +108,6 @@ def stack(
         "HVA_STACK_PROJECT": PROJECT,
         "HVA_STACK_AIRFLOW_PORT": str(free_port()),
         "HVA_STACK_S3_PORT": str(free_port()),
-        # its own free port, not S3's + 1: that one may be taken (a shuffled run found it so)
-        "HVA_STACK_S3_CONSOLE_PORT": str(free_port()),
         # A variable of the caller's shell that the compose file also reads: the settings
         # file must win (other tests in the session leave HVA_BUCKET set).
         "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",
@@ -113,16 +128,20 @@ def stack(
                 logs = subprocess.run(["podman", "logs", "--tail", "15", name],
                                       capture_output=True, text=True)  # fmt: skip
                 (state / f"{name}.log").write_text(logs.stdout + logs.stderr)
-            compose_stack("down", env, 300)
+            down = readme.command("scripts/engines/compose_stack.sh down --volumes")
+            compose_stack(down.split(maxsplit=1)[1], env, 300)
             left = project_containers()
             volumes = json.loads(
                 subprocess.run(["podman", "volume", "ls", "--format", "json"],
                                capture_output=True, text=True, check=True).stdout or "[]"
             )  # fmt: skip
             ours = [v["Name"] for v in volumes if v["Name"].startswith(f"{PROJECT}_")]
-            network = subprocess.run(["podman", "network", "exists", PROJECT]).returncode == 0
+            network = [
+                n for n in (f"{PROJECT}_default", f"{PROJECT}-training")
+                if subprocess.run(["podman", "network", "exists", n]).returncode == 0
+            ]  # fmt: skip
             if not was_serving:  # leave a Docker API service the user started running
                 subprocess.run(["bash", str(engine), "stop"], capture_output=True)
             assert not left and not ours and not network, (
-                f"`down` left containers {left}, volumes {ours}, network {network}"
+                f"`down --volumes` left containers {left}, volumes {ours}, networks {network}"
             )
