@@ -378,11 +378,14 @@ def test_the_dag_shares_one_settings_object_for_train_and_export():
     docker options included, not each its own copy."""
     import importlib
 
+    from horovod_airflow.operators import settings
     from horovod_airflow.operators.launchers.docker import DockerOptions
-    from horovod_airflow.operators.settings import TRAINER_JOB
 
+    # Other tests reload the settings (a bucket of their own): build the DAG from these.
+    importlib.reload(settings)
+    dag = importlib.reload(importlib.import_module("dags.mnist_horovod_retrain")).retrain_dag
+    TRAINER_JOB = settings.TRAINER_JOB
     assert isinstance(TRAINER_JOB["docker"], DockerOptions)
-    dag = importlib.import_module("dags.mnist_horovod_retrain").retrain_dag
     for task_id in ("train", "export_onnx"):
         task = dag.task_dict[task_id]
         assert task.launcher_options["docker"] is TRAINER_JOB["docker"], task_id
