@@ -22,7 +22,7 @@ from horovod_airflow.operators.command import RANK_ENV_FILE_VAR
 from horovod_airflow.operators.launchers.docker import SECRET_FILE
 from horovod_airflow.operators.staging import stage_dataset
 from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
-from tests.operators.helpers import TaskLog as OperatorTaskLog
+from tests.operators.fakes import TaskLog as OperatorTaskLog
 from tests.operators.helpers import context, with_launcher_options
 
 # Each test starts horovodrun and imports torch in a container: over a minute on 2 busy cores.
@@ -346,7 +346,7 @@ def test_a_container_of_the_jobs_name_that_no_try_recorded_is_left_alone(
     (it would wait on a stranger's job and report its output) nor removes it, and says so."""
     from horovod_airflow.operators.exceptions import JobNotOursError
     from horovod_airflow.operators.launchers.base import JOB_STATE_KEY
-    from tests.operators.helpers import TaskStateStore
+    from tests.operators.fakes import TaskStateStore
 
     bucket = s3_server.new_bucket("podman")
     op = docker_op(podman_engine, "s3://unused/data", f"s3://{bucket}/runs/x", task_id="fenced")

@@ -19,7 +19,7 @@ from horovod_airflow.operators.launchers.base import JobSpec
 from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions
 from tests.conftest import REPO
 from tests.engines.conftest import PodmanEngine
-from tests.operators.helpers import LineLog
+from tests.operators.fakes import LineLog
 
 pytestmark = [pytest.mark.engine]
 

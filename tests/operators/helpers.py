@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from tests.operators.fakes import FakeTI, TaskStateStore
+
 PROGRAM = ("python", "-m", "tests.programs.allreduce_program")
-
-
-@dataclass
-class FakeTI:
-    """The one attribute of a TaskInstance the operators read."""
-
-    try_number: int = 1
 
 
 def context(
@@ -25,18 +19,6 @@ def context(
     if store is not None:
         ctx["task_state_store"] = store
     return ctx
-
-
-class TaskStateStore(dict):  # type: ignore[type-arg]
-    """Airflow 3.3's ``context["task_state_store"]`` as a task sees it (``get``, ``set``,
-    ``delete``, ``clear``), kept in memory across the tries of one test. The scheduler test
-    (tests/engines/test_worker_killed.py) uses Airflow's own."""
-
-    def set(self, key: str, value: Any) -> None:
-        self[key] = value
-
-    def delete(self, key: str) -> None:
-        self.pop(key, None)
 
 
 def put_eval_set(s3: Any, bucket: str, prefix: str, n: int = 40) -> tuple[str, float]:
@@ -50,32 +32,6 @@ def put_eval_set(s3: Any, bucket: str, prefix: str, n: int = 40) -> tuple[str, f
     )
     accuracy = sum(a == b for a, b in zip(labels, predictions, strict=True)) / n
     return f"s3://{bucket}/{prefix}", accuracy
-
-
-class LineLog:
-    """A logger double for launchers: keeps each formatted message."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def _add(self, msg: str, *args: Any) -> None:
-        self.lines.append(msg % args if args else msg)
-
-    info = warning = error = debug = _add
-
-
-class TaskLog:
-    """The operator's task log: Airflow 3 logs through structlog to stdout."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self._capsys = capsys
-        self._seen = ""
-
-    @property
-    def text(self) -> str:
-        captured = self._capsys.readouterr()
-        self._seen += captured.out + captured.err
-        return self._seen
 
 
 def linear_onnx_model(weights: Any, bias: Any, *, preprocessing: bool = True) -> bytes:

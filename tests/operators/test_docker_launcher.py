@@ -32,103 +32,10 @@ from horovod_airflow.operators.launchers.docker import (
     DockerOptions,
     split_mounts,
 )
-from tests.operators.helpers import PROGRAM, LineLog, context
+from tests.operators.fakes import FakeDockerClient, LineLog
+from tests.operators.helpers import PROGRAM, context
 
 SECRET = "docker-test-secret-value"
-
-
-class FakeDockerClient:
-    """The slice of ``docker.APIClient`` the launcher uses."""
-
-    def __init__(self, chunks: list[bytes], status: dict[str, Any] | Exception, block=None):
-        self.chunks, self.status, self.block = chunks, status, block
-        self.calls: list[tuple[str, Any]] = []
-        self.created: dict[str, Any] = {}
-        self.images: set[str] = {"hva/trainer:1"}  # what the engine has
-        self.pull_events: list[dict[str, Any]] = [
-            {"status": "Pulling fs layer"},
-            {"status": "Done"},
-        ]
-
-    def create_host_config(self, **kwargs: Any) -> Any:
-        # docker-py's real HostConfig (imported here: the repo's docker/ folder would make
-        # ruff's isort file a top-level ``import docker`` as first-party)
-        from docker.types import HostConfig
-
-        return HostConfig(version="1.43", **kwargs)
-
-    def inspect_image(self, image: str) -> dict[str, Any]:
-        from docker.errors import ImageNotFound
-
-        self.calls.append(("inspect_image", image))
-        if image not in self.images:
-            raise ImageNotFound(f"No such image: {image}")
-        return {"Id": "sha256:feed"}
-
-    def pull(self, repository: str, tag=None, stream=False, decode=False):
-        self.calls.append(("pull", f"{repository}:{tag}"))
-        for event in self.pull_events:
-            if "error" not in event:
-                continue
-            yield event
-            return
-        self.images = {*self.images, f"{repository}:{tag}"}
-        yield from self.pull_events
-
-    existing: dict[str, Any] | None = None  # inspect_container's answer for the job's name
-    race: dict[str, Any] | None = None  # becomes ``existing`` as the first create is refused
-
-    def create_container(self, **kwargs: Any) -> dict[str, str]:
-        from docker.errors import APIError
-
-        self.calls.append(("create", kwargs["name"]))
-        if self.race is not None:
-            self.existing, self.race = self.race, None
-            raise APIError("Conflict", response=mock.Mock(status_code=409))
-        if self.existing is not None:
-            raise APIError("Conflict", response=mock.Mock(status_code=409))
-        self.created = kwargs
-        return {"Id": "c0ffee" * 10}
-
-    def inspect_container(self, name_or_id: str) -> dict[str, Any]:
-        from docker.errors import NotFound
-
-        self.calls.append(("inspect", name_or_id))
-        if self.existing and name_or_id in (self.existing["Name"], self.existing["Id"]):
-            return self.existing
-        raise NotFound(f"No such container: {name_or_id}")
-
-    archives: list[tuple[str, bytes]]  # what put_archive received: (path, tar bytes)
-
-    def put_archive(self, cid: str, path: str, data: bytes) -> bool:
-        self.calls.append(("put_archive", path))
-        self.archives = [*getattr(self, "archives", []), (path, data)]
-        return True
-
-    def attach(self, cid: str, **kwargs: Any):
-        self.calls.append(("attach", kwargs))
-        return iter(self.chunks)
-
-    def start(self, cid: str) -> None:
-        self.calls.append(("start", cid))
-
-    def wait(self, cid: str, timeout=None):
-        self.calls.append(("wait", timeout))
-        if self.block is not None:
-            self.block.wait(30)
-        if isinstance(self.status, Exception):
-            raise self.status
-        return self.status
-
-    def stop(self, cid: str, timeout=None) -> None:
-        self.calls.append(("stop", cid))
-        if self.block is not None:
-            self.block.set()
-
-    def remove_container(self, cid: str, force=False) -> None:
-        self.calls.append(("remove", force))
-        if self.existing and cid == self.existing["Id"]:
-            self.existing = None
 
 
 def spec(**kw: Any) -> JobSpec:

@@ -139,8 +139,8 @@ DOCKER_PROBES: dict[str, tuple[Any, Callable[[Any, dict[str, Any]], bool]]] = {
 
 def test_every_docker_option_reaches_the_container_spec():
     from horovod_airflow.operators.launchers.docker import DockerOptions
+    from tests.operators.fakes import FakeDockerClient
     from tests.operators.helpers import context
-    from tests.operators.test_docker_launcher import FakeDockerClient
 
     assert set(DOCKER_PROBES) == _fields(DockerOptions), "a DockerOptions field without a probe"
     options = DockerOptions(**{name: value for name, (value, _) in DOCKER_PROBES.items()})
@@ -219,8 +219,8 @@ MPIJOB_ONLY = {"mpijob_overrides"}
 @pytest.mark.parametrize(("api", "unused"), [("mpijob", TRAINJOB_ONLY), ("trainjob", MPIJOB_ONLY)])
 def test_every_kubernetes_option_reaches_the_job(api, unused):
     from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
+    from tests.operators.fakes import FakeHook
     from tests.operators.helpers import context
-    from tests.operators.test_kubernetes_launcher import FakeHook
 
     assert set(KUBERNETES_PROBES) == _fields(KubernetesOptions), "a field without a probe"
     options = KubernetesOptions(
@@ -242,7 +242,7 @@ def test_every_kubernetes_option_reaches_the_job(api, unused):
 def test_docker_overrides_merge_over_the_spec_and_owned_keys_are_refused():
     from horovod_airflow.operators.launchers.base import JobSpec
     from horovod_airflow.operators.launchers.docker import DockerLauncher, DockerOptions
-    from tests.operators.test_docker_launcher import FakeDockerClient
+    from tests.operators.fakes import FakeDockerClient
 
     options = DockerOptions(
         container_overrides={"hostname": "trainer", "stop_signal": "SIGINT"},
@@ -274,7 +274,8 @@ def test_docker_overrides_merge_over_the_spec_and_owned_keys_are_refused():
 def test_mpijob_overrides_deep_merge_by_name_and_owned_paths_are_refused():
     from horovod_airflow.operators.launchers.kubernetes import KubernetesLauncher, KubernetesOptions
     from horovod_airflow.operators.launchers.kubernetes.manifests import POD_SECURITY
-    from tests.operators.test_kubernetes_launcher import FakeHook, spec
+    from tests.operators.fakes import FakeHook
+    from tests.operators.test_kubernetes_launcher import spec
 
     worker_pod = {
         "hostIPC": True,
@@ -354,8 +355,8 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
     from airflow.exceptions import TaskDeferred
 
     from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
+    from tests.operators.fakes import HOOK, RUNNING, FakeHook
     from tests.operators.helpers import context
-    from tests.operators.test_kubernetes_launcher import HOOK, RUNNING, FakeHook
 
     op = _train(
         launcher="kubernetes",
@@ -398,7 +399,7 @@ def test_a_task_state_store_that_fails_is_a_warning_and_the_labels_decide():
     """The store (Airflow's API server) failing to answer must not fail a job that runs: the
     launcher logs it and the next try falls back to the job's name and labels."""
     from horovod_airflow.operators.launchers.base import JobJournal, made_by_this_task
-    from tests.operators.helpers import LineLog
+    from tests.operators.fakes import LineLog
 
     class Down:
         def get(self, key: str) -> None:

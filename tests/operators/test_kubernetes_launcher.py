@@ -51,186 +51,22 @@ from horovod_airflow.operators.launchers.kubernetes.manifests import (
 from horovod_airflow.operators.launchers.kubernetes.pods import pod_start_failure
 from horovod_airflow.operators.triggers import MPIJobTrigger
 from horovod_airflow.trainer.model import preprocessing
-from tests.operators.helpers import PROGRAM, LineLog, context, with_launcher_options
+from tests.operators.fakes import (
+    FAILED,
+    HOOK,
+    RUNNING,
+    SUCCEEDED,
+    FakeCore,
+    FakeHook,
+    LineLog,
+    LogStream,
+    pod,
+)
+from tests.operators.helpers import PROGRAM, context, with_launcher_options
 from tests.operators.mpijob_schema import mpijob_errors
 
-#: Where the launcher makes its cluster client: the fake clusters are patched in there.
-HOOK = "horovod_airflow.operators.launchers.kubernetes.client.KubernetesHook"
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "k8s-test-secret-value"
-RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
-SUCCEEDED = {
-    "status": {
-        "conditions": [
-            {"type": "Running", "status": "False"},
-            {"type": "Succeeded", "status": "True"},
-        ]
-    }
-}
-FAILED = {
-    "status": {
-        "conditions": [
-            {
-                "type": "Failed",
-                "status": "True",
-                "reason": "BackoffLimitExceeded",
-                "message": "launcher failed",
-            }
-        ]
-    }
-}
-
-
-def pod(
-    name: str,
-    phase: str,
-    *,
-    role: str = "worker",
-    waiting: tuple[str, str] | None = None,
-    unschedulable: str | None = None,
-    message: str | None = None,
-) -> Any:
-    """A ``V1Pod`` as the client returns it (the attributes the launcher reads)."""
-    state = SimpleNamespace(
-        waiting=SimpleNamespace(reason=waiting[0], message=waiting[1]) if waiting else None
-    )
-    conditions = []
-    if unschedulable:
-        conditions.append(
-            SimpleNamespace(
-                type="PodScheduled", status="False", reason="Unschedulable", message=unschedulable
-            )
-        )
-    return SimpleNamespace(
-        metadata=SimpleNamespace(name=name, labels={"role": role}),
-        status=SimpleNamespace(
-            phase=phase,
-            message=message,
-            reason=None,
-            conditions=conditions,
-            init_container_statuses=None,
-            container_statuses=[SimpleNamespace(name=role, state=state)],
-        ),
-    )
-
-
-class FakeCore:
-    def __init__(self, log_text: str) -> None:
-        self.secrets: dict[str, Any] = {}
-        self.deleted: list[str] = []
-        self.log_text = log_text
-        self.created_secret_text = ""  # every Secret's data, kept after deletion
-        self.selectors: list[str] = []
-        self.log_reads: list[dict[str, Any]] = []
-        # what successive pod listings answer: by default the job's launcher pod, running
-        self.pods: list[list[Any]] = [[pod("job-launcher-abc", "Running", role="launcher")]]
-
-    def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> None:
-        self.secrets[body["metadata"]["name"]] = body
-        self.created_secret_text += json.dumps(body["stringData"])
-
-    def patch_namespaced_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
-        self.secrets[name]["metadata"].update(body["metadata"])
-        if "stringData" in body:
-            self.secrets[name]["stringData"] = body["stringData"]
-            self.created_secret_text += json.dumps(body["stringData"])
-
-    def delete_namespaced_secret(self, name: str, namespace: str) -> None:
-        if name not in self.secrets:
-            raise ApiException(status=404)
-        del self.secrets[name]
-        self.deleted.append(name)
-
-    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
-        self.selectors.append(label_selector)
-        pods = self.pods.pop(0) if len(self.pods) > 1 else self.pods[0]
-        if label_selector.endswith("job-role=launcher"):
-            pods = [p for p in pods if p.metadata.labels.get("role") == "launcher"]
-        return SimpleNamespace(items=pods)
-
-    def read_namespaced_pod_log(self, name: str, namespace: str, **kw: Any) -> Any:
-        """The log as the API serves it: ``timestamps=True`` prefixes each line with its
-        RFC3339Nano time; ``follow=True, _preload_content=False`` answers a response whose
-        ``stream()`` yields the bytes."""
-        self.log_reads.append(kw)
-        text = self.log_text
-        if kw.get("timestamps"):
-            text = "".join(
-                f"2026-12-04T10:00:00.{i:09d}Z {line}\n"
-                for i, line in enumerate(self.log_text.splitlines(), 1)
-            )
-        if kw.get("_preload_content") is False:
-            return LogStream([text.encode()])
-        return text
-
-
-class LogStream:
-    """A streamed log response (``urllib3.HTTPResponse``): ``stream()`` yields its chunks."""
-
-    def __init__(self, chunks: Any) -> None:
-        self.chunks = chunks
-        self.closed = False
-
-    def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
-        for chunk in self.chunks:
-            if self.closed:
-                return
-            yield chunk
-
-    def release_conn(self) -> None:
-        self.closed = True
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeHook:
-    """Serves ``phases`` (MPIJob states, or exceptions to raise) to successive looks."""
-
-    def __init__(self, phases: list[Any], log_text: str = "") -> None:
-        self.phases = list(phases)
-        self.core_v1_client = FakeCore(log_text)
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.created: dict[str, dict[str, Any]] = {}  # kept after deletion
-        self.deleted: list[str] = []
-        self.gets = 0  # looks at an existing MPIJob
-        self.linger = 0  # get calls for which the next deleted MPIJob is still there
-        self.lingering: dict[str, int] = {}
-
-    def get_namespace(self) -> str:
-        return "ml"
-
-    def create_custom_object(self, group, version, plural, body, namespace=None):
-        assert (group, version, plural) == ("kubeflow.org", "v2beta1", "mpijobs")
-        if body["metadata"]["name"] in self.objects:
-            raise ApiException(status=409, reason="AlreadyExists")
-        self.objects[body["metadata"]["name"]] = body
-        self.created[body["metadata"]["name"]] = body
-        return {**body, "metadata": {**body["metadata"], "uid": "uid-123"}}
-
-    def get_custom_object(self, group, version, plural, name, namespace=None):
-        if name not in self.objects:
-            raise ApiException(status=404)
-        if name in self.lingering:  # deleted, its pods still terminating
-            self.lingering[name] -= 1
-            if not self.lingering[name]:
-                del self.lingering[name], self.objects[name]
-            return {**RUNNING, "metadata": {"name": name, "deletionTimestamp": "2026-12-04T00:00Z"}}
-        self.gets += 1
-        answer = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
-        if name not in self.objects:
-            raise ApiException(status=404)
-        self.deleted.append(name)
-        if self.linger:  # the first deletion only
-            self.lingering.setdefault(name, self.linger)
-            self.linger = 0
-        else:
-            del self.objects[name]
 
 
 def spec(**kw: Any) -> JobSpec:
@@ -1496,7 +1332,7 @@ def test_log_timestamps_compare_by_time_not_by_text():
 def test_a_retry_reattaches_only_to_the_job_its_tries_recorded(found_uid, found_try, reattached):
     from horovod_airflow.operators.exceptions import JobNotOursError
     from horovod_airflow.operators.launchers.base import JOB_STATE_KEY, JobJournal
-    from tests.operators.helpers import TaskStateStore
+    from tests.operators.fakes import TaskStateStore
 
     found = {**RUNNING, "metadata": {"name": "hvd-train-1234", "uid": found_uid,
                                      "labels": {"try_number": found_try}}}  # fmt: skip
@@ -1521,7 +1357,7 @@ def test_a_retry_reattaches_only_to_the_job_its_tries_recorded(found_uid, found_
 
 def test_the_job_a_try_creates_is_recorded_with_its_uid_for_the_next_try():
     from horovod_airflow.operators.launchers.base import JOB_STATE_KEY, JobJournal
-    from tests.operators.helpers import TaskStateStore
+    from tests.operators.fakes import TaskStateStore
 
     hook = FakeHook([SUCCEEDED], log_text="[0]<x>:ok")
     store = TaskStateStore()

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.operators import fakes
 from tests.operators import test_kubernetes_launcher as mpijob_tests
 from tests.operators import test_trainjob_launcher as trainjob_tests
 
@@ -36,12 +37,7 @@ CALLS: dict[str, tuple[str, str | None]] = {
     "read_namespaced_pod_log": ("get", "pods/log"),
     "list_namespaced_event": ("list", "events"),
 }
-FAKES = (
-    mpijob_tests.FakeHook,
-    mpijob_tests.FakeCore,
-    trainjob_tests.TrainerHook,
-    trainjob_tests.FakeCustomObjects,
-)
+FAKES = (fakes.FakeHook, fakes.FakeCore, fakes.TrainerHook, fakes.FakeCustomObjects)
 
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> set[tuple[str, str, str]]:

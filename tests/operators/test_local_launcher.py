@@ -20,7 +20,8 @@ from horovod_airflow.operators import (
     TrainingCompletedError,
 )
 from horovod_airflow.operators.launchers.local import LocalOptions
-from tests.operators.helpers import PROGRAM, TaskLog, context, put_eval_set, with_launcher_options
+from tests.operators.fakes import TaskLog
+from tests.operators.helpers import PROGRAM, context, put_eval_set, with_launcher_options
 
 pytestmark = pytest.mark.usefixtures("s3_server")
 
@@ -347,7 +348,7 @@ def test_a_retry_stops_what_the_job_recorded_by_an_earlier_try_left_running(
 
     from horovod_airflow.operators.launchers.base import JOB_STATE_KEY
     from horovod_airflow.operators.launchers.local import JOB_MARKER_VAR
-    from tests.operators.helpers import TaskStateStore
+    from tests.operators.fakes import TaskStateStore
 
     marker = "4242-0123456789abcdef"
     left = subprocess.Popen(

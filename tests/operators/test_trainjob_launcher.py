@@ -35,19 +35,19 @@ from horovod_airflow.operators.launchers.kubernetes.manifests import (
     WORKER_COMMAND,
 )
 from horovod_airflow.operators.triggers import MPIJobTrigger
-from tests.operators.helpers import LineLog, context
-from tests.operators.test_kubernetes_launcher import (
+from tests.operators.fakes import (
     HOOK,
-    POD_OPTIONS,
-    SECRET,
-    FakeCore,
-    k8s_train_op,
+    NAME,
+    RUNTIMES,
+    TRAINJOBS,
+    LineLog,
+    TrainerHook,
     pod,
-    spec,
 )
+from tests.operators.helpers import context
+from tests.operators.test_kubernetes_launcher import POD_OPTIONS, SECRET, k8s_train_op, spec
 from tests.operators.trainjob_schema import trainjob_errors
 
-NAME = "hvd-train-1234"
 RUNNING: dict[str, Any] = {"status": {"conditions": [{"type": "Created", "status": "True"}]}}
 COMPLETE = {"status": {"conditions": [{"type": "Complete", "status": "True", "message": "ok"}]}}
 FAILED = {
@@ -57,61 +57,6 @@ FAILED = {
         ]
     }
 }
-TRAINJOBS = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
-RUNTIMES = ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes")
-
-
-class FakeCustomObjects:
-    def __init__(self, hook: TrainerHook) -> None:
-        self.hook = hook
-
-    def patch_namespaced_custom_object(self, group, version, plural, name, namespace, body):
-        self.hook.objects[(group, version, plural)][name]["metadata"].update(body["metadata"])
-
-
-class TrainerHook:
-    """Serves ``phases`` (TrainJob states, or exceptions) to successive looks at the TrainJob;
-    keeps TrainingRuntimes as they were created."""
-
-    def __init__(self, phases: list[Any], log_text: str = "") -> None:
-        self.phases = list(phases)
-        self.core_v1_client = FakeCore(log_text)
-        self.core_v1_client.pods = [[pod(f"{NAME}-launcher-0-0-x", "Running", role="launcher")]]
-        self.custom_object_client = FakeCustomObjects(self)
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {TRAINJOBS: {}, RUNTIMES: {}}
-        self.created: list[tuple[str, str]] = []  # (plural, name), in order
-        self.deleted: list[tuple[str, str]] = []
-
-    def get_namespace(self) -> str:
-        return "ml"
-
-    def create_custom_object(self, group, version, plural, body, namespace=None):
-        store = self.objects[(group, version, plural)]
-        name = body["metadata"]["name"]
-        if name in store:
-            raise ApiException(status=409, reason="AlreadyExists")
-        store[name] = json.loads(json.dumps(body))
-        self.created.append((plural, name))
-        return {**body, "metadata": {**body["metadata"], "uid": f"uid-{plural}"}}
-
-    def get_custom_object(self, group, version, plural, name, namespace=None):
-        store = self.objects[(group, version, plural)]
-        if name not in store:
-            raise ApiException(status=404)
-        if plural == "trainingruntimes":
-            return store[name]
-        answer = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def delete_custom_object(self, group, version, plural, name, namespace=None, **kw):
-        store = self.objects[(group, version, plural)]
-        if name not in store:
-            raise ApiException(status=404)
-        assert kw.get("propagation_policy") == "Foreground"
-        del store[name]
-        self.deleted.append((plural, name))
 
 
 def launcher(hook: TrainerHook, **kw: Any) -> KubernetesLauncher:
