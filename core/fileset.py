@@ -31,7 +31,6 @@ Importable without torch and without Airflow (the Airflow worker stages, the ran
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +42,9 @@ from horovod_airflow.core.layout import (
     MANIFEST_NAME,
     DatasetError,
     array_statistics,
+    check_manifest,
     content_hash,
+    read_staged_manifest,
     verify_file,
 )
 
@@ -151,45 +152,12 @@ def build_manifest(
 
 def parse_manifest(text: str | bytes) -> dict[str, Any]:
     """Load and validate a file-set manifest; raise DatasetError naming the bad field."""
-    try:
-        m = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
-    if not isinstance(m, dict) or m.get("format") not in READABLE_FORMATS:
-        got = m.get("format") if isinstance(m, dict) else type(m).__name__
-        raise DatasetError(
-            f"{MANIFEST_NAME}: 'format' must be one of {', '.join(READABLE_FORMATS)}, got {got!r}"
-        )
-    files = m.get("files")
-    if not isinstance(files, list) or not files:
-        raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")
-    for entry in files:
-        if not isinstance(entry, dict):
-            raise DatasetError(f"{MANIFEST_NAME}: file entry {entry!r} is not an object")
-        for field in ("name", "size", "sha256"):
-            if field not in entry:
-                raise DatasetError(
-                    f"{MANIFEST_NAME}: file entry {entry.get('name')!r} lacks {field!r}"
-                )
-        if "/" in entry["name"] or entry["name"].startswith("."):
-            raise DatasetError(f"{MANIFEST_NAME}: file name {entry['name']!r} must be a plain name")
-    if content_hash(files) != m.get("content_hash"):
-        raise DatasetError(f"{MANIFEST_NAME}: 'content_hash' does not match its file entries")
-    return m
+    return check_manifest(text, readable=READABLE_FORMATS, entry_fields=("name", "size", "sha256"))
 
 
 def read_manifest(uri: str, *, client: Any | None = None) -> dict[str, Any]:
     """The validated manifest of the file set staged at ``uri``."""
-    try:
-        text = storage.read_bytes(storage.join(uri, MANIFEST_NAME), client=client)
-    except storage.TransientStorageError:
-        raise  # not a verdict on the data: the task fails and is retried
-    except storage.StorageError as e:
-        raise DatasetError(
-            f"no {MANIFEST_NAME} at {uri}: the data must be a staged file set "
-            f"(s3://bucket/datasets/<name>/<hash16> or a folder with {MANIFEST_NAME}): {e}"
-        ) from e
-    return parse_manifest(text)
+    return read_staged_manifest(uri, parse=parse_manifest, what="file set", client=client)
 
 
 def fetch_files(

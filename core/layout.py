@@ -37,11 +37,18 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from horovod_airflow.core.contract import DATASET_FORMAT, LEGACY_DATASET_FORMAT, MANIFEST_NAME
-from horovod_airflow.core.storage import sha256_file
+from horovod_airflow.core.storage import (
+    StorageError,
+    TransientStorageError,
+    join,
+    read_bytes,
+    sha256_file,
+)
 
 FORMAT = DATASET_FORMAT
 #: The dataset manifest formats this release reads (v1: staged before the data checks).
@@ -195,22 +202,37 @@ def build_manifest(name: str, files: dict[tuple[str, str], Path]) -> dict[str, A
 
 
 def parse_manifest(text: str | bytes) -> dict[str, Any]:
-    """Load and validate a manifest; raise DatasetError naming the bad field."""
+    """Load and validate a dataset manifest; raise DatasetError naming the bad field."""
+    return check_manifest(
+        text,
+        readable=READABLE_FORMATS,
+        entry_fields=("name", "split", "kind", "size", "sha256", "samples"),
+    )
+
+
+def check_manifest(
+    text: str | bytes, *, readable: tuple[str, ...], entry_fields: tuple[str, ...]
+) -> dict[str, Any]:
+    """What every staged manifest (a dataset's, a file set's) must be: JSON with a ``format``
+    of ``readable``, a non-empty ``files`` list of objects with ``entry_fields`` and plain
+    names, and the ``content_hash`` of those entries. Raise DatasetError naming the bad field."""
     try:
         m = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
-    found = m.get("format") if isinstance(m, dict) else None
-    if found not in READABLE_FORMATS:
+    if not isinstance(m, dict) or m.get("format") not in readable:
+        got = m.get("format") if isinstance(m, dict) else type(m).__name__
         raise DatasetError(
-            f"dataset {MANIFEST_NAME}: format {found!r}; supported: "
-            f"{', '.join(READABLE_FORMATS)} (restage the dataset with this release)"
+            f"{MANIFEST_NAME}: 'format' must be one of {', '.join(readable)}, got {got!r} "
+            "(restage the data with this release)"
         )
     files = m.get("files")
     if not isinstance(files, list) or not files:
         raise DatasetError(f"{MANIFEST_NAME}: 'files' must be a non-empty list")
     for entry in files:
-        for field in ("name", "split", "kind", "size", "sha256", "samples"):
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{MANIFEST_NAME}: file entry {entry!r} is not an object")
+        for field in entry_fields:
             if field not in entry:
                 raise DatasetError(
                     f"{MANIFEST_NAME}: file entry {entry.get('name')!r} lacks {field!r}"
@@ -220,6 +242,28 @@ def parse_manifest(text: str | bytes) -> dict[str, Any]:
     if content_hash(files) != m.get("content_hash"):
         raise DatasetError(f"{MANIFEST_NAME}: 'content_hash' does not match its file entries")
     return m
+
+
+def read_staged_manifest(
+    uri: str,
+    *,
+    parse: Callable[[str | bytes], dict[str, Any]] = parse_manifest,
+    what: str = "dataset",
+    client: Any | None = None,
+) -> dict[str, Any]:
+    """The manifest staged at ``uri``, validated by ``parse``. A missing one is a DatasetError
+    (the data is not a staged ``what``); a transient storage error stays one (the task is
+    retried: it is no verdict on the data)."""
+    try:
+        text = read_bytes(join(uri, MANIFEST_NAME), client=client)
+    except TransientStorageError:
+        raise
+    except StorageError as e:
+        raise DatasetError(
+            f"no {MANIFEST_NAME} at {uri}: the data must be a staged {what} "
+            f"(s3://bucket/datasets/<name>/<hash16> or a folder with {MANIFEST_NAME}): {e}"
+        ) from e
+    return parse(text)
 
 
 def entry_for(manifest: dict[str, Any], split: str, kind: str) -> dict[str, Any]:

@@ -52,16 +52,8 @@ class LocalDataset:
 
 
 def read_manifest(uri: str) -> dict[str, Any]:
-    try:
-        text = storage.read_bytes(storage.join(uri, layout.MANIFEST_NAME))
-    except storage.TransientStorageError:
-        raise  # not a verdict on the data: the task fails and is retried
-    except storage.StorageError as e:
-        raise DatasetError(
-            f"no {layout.MANIFEST_NAME} at {uri}: --data must be a staged dataset "
-            f"(s3://bucket/datasets/<name>/<hash16> or a folder with {layout.MANIFEST_NAME}): {e}"
-        ) from e
-    return layout.parse_manifest(text)
+    """The validated dataset manifest staged at ``uri`` (``--data``)."""
+    return layout.read_staged_manifest(uri)
 
 
 def _decompress(src: Path, dest: Path) -> None:
