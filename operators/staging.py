@@ -39,23 +39,40 @@ def _resolve_source(source: str, workdir: Path, client: Any) -> Path:
     """A local folder holding the source files; ``s3://`` sources are downloaded first."""
     if not source or source == VENDORED:
         return vendored_mnist()
+    wanted = {n for stem in layout.STEMS.values() for n in (stem, stem + ".gz")}
+
+    def pick(relative: str) -> str | None:
+        name = relative.rsplit("/", 1)[-1]
+        return name if name in wanted else None
+
+    folder = _local_source(source, workdir, client, pick, "'vendored', an s3:// prefix")
+    if source.startswith("s3://") and not folder.is_dir():
+        raise layout.DatasetError(
+            f"dataset source {source} holds none of the MNIST-format files "
+            f"({', '.join(s + '[.gz]' for s in layout.STEMS.values())})"
+        )
+    return folder
+
+
+def _local_source(
+    source: str,
+    workdir: Path,
+    client: Any,
+    pick: Callable[[str], str | None],
+    allowed: str,
+) -> Path:
+    """``source`` as a local folder: a local path or ``file://`` URI as it is; an ``s3://``
+    prefix downloaded into ``workdir/source``, each object whose name below the prefix ``pick``
+    keeps, under the name it returns. Any other scheme is refused naming ``allowed``."""
     if source.startswith("s3://"):
         dest = workdir / "source"
-        wanted = {n for stem in layout.STEMS.values() for n in (stem, stem + ".gz")}
         for uri in storage.list_uris(source, client=client):
-            name = uri.rsplit("/", 1)[-1]
-            if name in wanted:
+            name = pick(uri[len(source.rstrip("/")) + 1 :])
+            if name is not None:
                 storage.download_file(uri, dest / name, client=client)
-        if not dest.is_dir():
-            raise layout.DatasetError(
-                f"dataset source {source} holds none of the MNIST-format files "
-                f"({', '.join(s + '[.gz]' for s in layout.STEMS.values())})"
-            )
         return dest
     if "://" in source and not source.startswith("file://"):
-        raise layout.DatasetError(
-            f"dataset source {source!r}: use 'vendored', an s3:// prefix or a local folder"
-        )
+        raise layout.DatasetError(f"dataset source {source!r}: use {allowed} or a local folder")
     return Path(storage.parse(source).key)
 
 
@@ -172,19 +189,14 @@ def _resolve_files_source(source: str, patterns: Sequence[str], workdir: Path, c
             f"dataset source {source!r}: 'vendored' is the bundled MNIST; staging files needs "
             "an s3:// prefix or a local folder"
         )
+
+    def pick(relative: str) -> str | None:
+        return relative if "/" not in relative and fileset.matches(relative, patterns) else None
+
+    folder = _local_source(source, workdir, client, pick, "an s3:// prefix")
     if source.startswith("s3://"):
-        dest = workdir / "source"
-        dest.mkdir(parents=True)
-        for uri in storage.list_uris(source, client=client):
-            relative = uri[len(source.rstrip("/")) + 1 :]
-            if "/" not in relative and fileset.matches(relative, patterns):
-                storage.download_file(uri, dest / relative, client=client)
-        return dest
-    if "://" in source and not source.startswith("file://"):
-        raise layout.DatasetError(
-            f"dataset source {source!r}: use an s3:// prefix or a local folder"
-        )
-    return Path(storage.parse(source).key)
+        folder.mkdir(parents=True, exist_ok=True)  # none matched: the file set says so later
+    return folder
 
 
 def stage_files(
