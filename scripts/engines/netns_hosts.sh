@@ -37,6 +37,8 @@ log() { echo "netns_hosts: $*" >&2; }
 die() { echo "netns_hosts: ERROR: $*" >&2; exit 1; }
 # Exit 2: this machine cannot host the simulated hosts (not root, packages not installable).
 unavailable() { echo "netns_hosts: UNAVAILABLE: $*" >&2; exit 2; }
+# shellcheck source=apt_missing.sh
+. "$(dirname "${BASH_SOURCE[0]}")/apt_missing.sh"
 
 [[ "$subnet" =~ ^10\.[0-9]{1,3}\.[0-9]{1,3}$ ]] ||
   die "HVA_NETNS_SUBNET must be the first three octets of a 10.x.y.0/24 subnet, got '$subnet'"
@@ -72,14 +74,7 @@ install_packages() {
   command -v ssh >/dev/null 2>&1 || want+=(openssh-client)
   command -v ip >/dev/null 2>&1 || want+=(iproute2)
   command -v unshare >/dev/null 2>&1 || want+=(util-linux)
-  [ ${#want[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null 2>&1 || unavailable "missing ${want[*]} and no apt-get to install them"
-  log "installing ${want[*]} (apt-get)"
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >"$state/apt.log" 2>&1; then
-    apt-get update -q >>"$state/apt.log" 2>&1 || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >>"$state/apt.log" 2>&1 ||
-      unavailable "apt-get install ${want[*]} failed; see $state/apt.log"
-  fi
+  apt_install_missing "${want[@]}"
   # Debian's package starts the system sshd where it can; the simulated hosts do not need it.
 }
 

@@ -49,6 +49,8 @@ if [ -e "$state" ] && [ "$(stat -c %u "$state")" != "$(id -u)" ]; then
 fi
 # Exit 2: this machine cannot run the engine (not root, packages or mirror unreachable).
 unavailable() { echo "podman_engine: UNAVAILABLE: $*" >&2; exit 2; }
+# shellcheck source=apt_missing.sh
+. "$(dirname "${BASH_SOURCE[0]}")/apt_missing.sh"
 
 need_root() {
   [ "$(id -u)" = 0 ] || unavailable "must run as root (podman's rootful storage and networking); got uid $(id -u)"
@@ -63,14 +65,7 @@ install_packages() {
     cmd=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || want+=("$pkg")
   done
-  [ ${#want[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null 2>&1 || unavailable "missing ${want[*]} and no apt-get to install them"
-  log "installing ${want[*]} (apt-get)"
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >"$state/apt.log" 2>&1; then
-    apt-get update -q >>"$state/apt.log" 2>&1 || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${want[@]}" >>"$state/apt.log" 2>&1 ||
-      unavailable "apt-get install ${want[*]} failed; see $state/apt.log"
-  fi
+  apt_install_missing "${want[@]}"
 }
 
 write_conf() {
