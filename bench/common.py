@@ -14,17 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from bench.datasets import prepare_torchvision_root, stage_local_dataset
-from bench.report import HorovodRun, default_ranks, rank_env, run_horovod
+from bench.report import HorovodRun, default_ranks, rank_env, run_horovod, write_results
 
 NP_HELP = "Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
 
 
-def add_np_argument(parser: argparse.ArgumentParser, help: str = NP_HELP) -> None:
-    parser.add_argument("--np", type=int, default=None, help=help)
-
-
-def add_results_dir_argument(parser: argparse.ArgumentParser) -> None:
+def add_driver_arguments(
+    parser: argparse.ArgumentParser, *, quick: str, np: bool = True, np_help: str = NP_HELP
+) -> None:
+    """The options every driver has: ``--np`` (unless ``np`` is false: the driver declares its
+    own), ``--quick`` (``quick`` says what it shrinks the run to) and ``--results-dir``."""
+    if np:
+        parser.add_argument("--np", type=int, default=None, help=np_help)
+    parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
+
+
+def result_name(name: str, quick: bool) -> str:
+    """``<name>_quick`` for a ``--quick`` run, so a smoke test never overwrites the figures."""
+    return f"{name}_quick" if quick else name
 
 
 def ranks_from(parser: argparse.ArgumentParser, np: int | None) -> int:
@@ -45,10 +53,15 @@ def require_positive(
             parser.error(f"{flag} must be an integer >= 1, got {getattr(args, name)}")
 
 
-def add_rank_parser(sub: Any, *, torchvision_root: bool = False) -> argparse.ArgumentParser:
-    """The ``rank`` subcommand that :func:`run_rank_program` starts in every rank: the staged
-    dataset (``--data``), the trainer's ``--output`` and ``--cache-dir``, rank 0's
-    ``--result`` file, and with ``torchvision_root`` the demo's ``--root`` too."""
+def driver_parsers(
+    doc: str | None, *, torchvision_root: bool = False
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The driver's parser (described by the first line of the module's ``doc``) and its
+    ``rank`` subcommand, which :func:`run_rank_program` starts in every rank: the staged dataset
+    (``--data``), the trainer's ``--output`` and ``--cache-dir``, rank 0's ``--result`` file, and
+    with ``torchvision_root`` the demo's ``--root`` too."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    sub = parser.add_subparsers(dest="command")
     rank: argparse.ArgumentParser = sub.add_parser(
         "rank", help="the program each Horovod rank runs"
     )
@@ -58,7 +71,14 @@ def add_rank_parser(sub: Any, *, torchvision_root: bool = False) -> argparse.Arg
     rank.add_argument("--output", required=True)
     rank.add_argument("--cache-dir", default="")
     rank.add_argument("--result", required=True, help="rank 0 writes its measurements here")
-    return rank
+    return parser, rank
+
+
+def write_run(name: str, args: argparse.Namespace, markdown: str, data: dict[str, Any]) -> int:
+    """Write the driver's results (:func:`bench.report.write_results`) under
+    :func:`result_name` into ``--results-dir``; the driver's exit code."""
+    write_results(result_name(name, args.quick), markdown, data, args.results_dir)
+    return 0
 
 
 def run_timeout(quick: bool) -> float:
@@ -76,7 +96,7 @@ def run_rank_program(
     timeout: float,
     torchvision_root: bool = False,
 ) -> tuple[dict[str, Any], HorovodRun]:
-    """Run ``python -m <module> rank`` (:func:`add_rank_parser`) in ``np`` ranks on the
+    """Run ``python -m <module> rank`` (:func:`driver_parsers`) in ``np`` ranks on the
     vendored MNIST staged under ``workdir``; return rank 0's result JSON and the run.
 
     ``workdir/<tag>.json`` is the result file and ``workdir/<tag>.log`` the output.

@@ -43,7 +43,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.common import add_np_argument, add_results_dir_argument, ranks_from
+from bench.common import add_driver_arguments, ranks_from, write_run
 from bench.datasets import prepare_torchvision_root
 from bench.report import (
     machine,
@@ -51,7 +51,6 @@ from bench.report import (
     md_table,
     rank_env,
     run_horovod,
-    write_results,
 )
 
 if TYPE_CHECKING:
@@ -304,9 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--epochs", type=int, default=3, help="the demo's 3 by default")
         p.add_argument("--train-samples", type=int, default=0, help="0 = all 60,000")
         p.add_argument("--val-samples", type=int, default=0, help="0 = all 10,000")
-    add_np_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="512/256 samples, 1 epoch")
-    add_results_dir_argument(parser)
+    add_driver_arguments(parser, quick="512/256 samples, 1 epoch")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     args = parser.parse_args(argv)
 
@@ -351,11 +348,9 @@ def main(argv: list[str] | None = None) -> int:
             machine_line(m),
         ]
     )
-    name = "demo_baseline_quick" if args.quick else "demo_baseline"
-    write_results(
-        name, markdown, {"machine": m, "quick": args.quick, "result": result}, args.results_dir
+    return write_run(
+        "demo_baseline", args, markdown, {"machine": m, "quick": args.quick, "result": result}
     )
-    return 0
 
 
 if __name__ == "__main__":

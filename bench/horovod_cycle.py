@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_np_argument, add_results_dir_argument, ranks_from
+from bench.common import add_driver_arguments, ranks_from, write_run
 from bench.datasets import stage_local_dataset
 from bench.report import (
     json_events,
@@ -35,7 +35,6 @@ from bench.report import (
     md_table,
     rank_env,
     run_horovod,
-    write_results,
 )
 from horovod_airflow.core.contract import EVENT_EPOCH
 from horovod_airflow.trainer.train import CPU_CYCLE_TIME_MS
@@ -105,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=4, help="alternations (median reported)")
     parser.add_argument("--samples", type=int, default=20000, help="training images per run")
-    add_np_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="1 repeat on 2,048 samples")
-    add_results_dir_argument(parser)
+    add_driver_arguments(parser, quick="1 repeat on 2,048 samples")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.samples = 1, 2048
@@ -143,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in args.cycles
         ],
     }
-    name = "horovod_cycle_quick" if args.quick else "horovod_cycle"
-    write_results(name, render(data), data, args.results_dir)
-    return 0
+    return write_run("horovod_cycle", args, render(data), data)
 
 
 if __name__ == "__main__":

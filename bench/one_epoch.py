@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_np_argument, add_results_dir_argument, ranks_from
+from bench.common import add_driver_arguments, ranks_from, write_run
 from bench.demo_baseline import TARGET_ACCURACY
-from bench.report import machine, machine_line, md_table, write_results
+from bench.report import machine, machine_line, md_table
 from bench.time_to_accuracy import run_ours
 
 # (label, trainer arguments on top of --epochs 1): the default model and recipe on three
@@ -106,9 +106,7 @@ def render(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_np_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="tiny subsets, 2 recipes (smoke test)")
-    add_results_dir_argument(parser)
+    add_driver_arguments(parser, quick="tiny subsets, 2 recipes (smoke test)")
     args = parser.parse_args(argv)
     args.np = ranks_from(parser, args.np)
     recipes, extra = RECIPES, []
@@ -119,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hva-one-epoch-") as tmp:
         runs = run_recipes(Path(tmp), recipes, args.np, extra)
     data = {"machine": m, "quick": args.quick, "world_size": args.np, "runs": runs}
-    name = "one_epoch_quick" if args.quick else "one_epoch"
-    write_results(name, render(data), data, args.results_dir)
-    return 0
+    return write_run("one_epoch", args, render(data), data)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_driver_arguments, write_run
 from bench.datasets import stage_local_dataset
-from bench.report import REPO, machine, machine_line, md_table, rank_env, write_results
+from bench.report import REPO, machine, machine_line, md_table, rank_env
 from horovod_airflow.core.contract import (
     CHECKPOINT_NAME,
     METRICS,
@@ -159,11 +160,10 @@ def measure_once(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 epoch on 2,048 train samples")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for the pipeline")
     parser.add_argument("--repeat", type=int, default=1, help="runs in a row (default 1)")
+    add_driver_arguments(parser, quick="1 epoch on 2,048 train samples", np=False)
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
@@ -231,9 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": {k: metrics[k] for k in ("val_accuracy", "epochs", "world_size")},
         "runs": [{k: v for k, v in r.items() if k != "metrics"} for r in runs],
     }
-    name = "pipeline_overhead_quick" if args.quick else "pipeline_overhead"
-    write_results(name, markdown, data, args.results_dir)
-    return 0
+    return write_run("pipeline_overhead", args, markdown, data)
 
 
 if __name__ == "__main__":

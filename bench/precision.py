@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    add_np_argument,
-    add_rank_parser,
-    add_results_dir_argument,
+    add_driver_arguments,
+    driver_parsers,
     ranks_from,
     require_positive,
     run_rank_program,
     run_timeout,
+    write_run,
 )
-from bench.report import machine, machine_line, md_table, write_results
+from bench.report import machine, machine_line, md_table
 
 COMBOS = (("fp32", "off"), ("fp32", "on"), ("bf16", "off"), ("bf16", "on"))
 
@@ -146,16 +146,12 @@ def render(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    rank = add_rank_parser(sub)
+    parser, rank = driver_parsers(__doc__)
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=20, help="trainer steps per timed repeat")
         p.add_argument("--warmup", type=int, default=1, help="untimed calls per combination")
         p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
-    add_np_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="2 steps, 1 repeat (smoke test)")
-    add_results_dir_argument(parser)
+    add_driver_arguments(parser, quick="2 steps, 1 repeat (smoke test)")
     args = parser.parse_args(argv)
     require_positive(parser, args, ("steps", "warmup", "repeats"))
     if args.command == "rank":
@@ -175,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     summary["wall_seconds"] = round(run.wall_seconds, 1)
     data = {"machine": m, "quick": args.quick, "repeats": args.repeats, "run": summary}
-    name = "precision_quick" if args.quick else "precision"
-    write_results(name, render(data), data, args.results_dir)
-    return 0
+    return write_run("precision", args, render(data), data)
 
 
 if __name__ == "__main__":

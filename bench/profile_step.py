@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    add_np_argument,
-    add_rank_parser,
-    add_results_dir_argument,
+    add_driver_arguments,
+    driver_parsers,
     ranks_from,
     run_rank_program,
     run_timeout,
+    write_run,
 )
-from bench.report import machine, machine_line, md_table, write_results
+from bench.report import machine, machine_line, md_table
 
 # Operator name fragments → the part of a step they belong to (first match wins).
 GROUPS = (
@@ -268,15 +268,11 @@ def tables(summary: dict[str, Any], top: int = 15) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    rank = add_rank_parser(sub)
+    parser, rank = driver_parsers(__doc__)
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=20, help="profiled steps")
         p.add_argument("--warmup", type=int, default=3, help="unprofiled steps first")
-    add_np_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="2 profiled steps (smoke test)")
-    add_results_dir_argument(parser)
+    add_driver_arguments(parser, quick="2 profiled steps (smoke test)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}")
@@ -310,9 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         bound, summary["bound"] = bound_table(summary)
         parts += [bound, ""]
     markdown = "\n".join([*parts, machine_line(m)])
-    name = "profile_step_quick" if args.quick else "profile_step"
-    write_results(name, markdown, {"machine": m, "quick": args.quick, **summary}, args.results_dir)
-    return 0
+    return write_run("profile_step", args, markdown, {"machine": m, "quick": args.quick, **summary})
 
 
 if __name__ == "__main__":

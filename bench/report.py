@@ -24,14 +24,19 @@ MNIST_DIR = REPO / "data" / "mnist"
 RANK_PREFIX = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")  # how horovodrun tags rank output
 
 
-def cpu_model() -> str:
+def _cpuinfo(key: str) -> str | None:
+    """The value of the first ``key`` line of ``/proc/cpuinfo`` (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 # The flags that decide a CPU's math paths (bf16 native or emulated, vector width).
@@ -40,13 +45,7 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 def cpu_flags() -> list[str]:
     """The CPU's feature flags, as ``lscpu`` lists them (from ``/proc/cpuinfo``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
+    return (_cpuinfo("flags") or "").split()
 
 
 def load_average() -> list[float]:
@@ -181,117 +180,102 @@ def run_horovod(
     """Run ``horovodrun -np N -H localhost:N python -m <module_args>`` and time it.
 
     The run is the product's own: ``horovod_airflow.operators.launchers.local.LocalLauncher``, so a
-    timeout
-    stops horovodrun *and* every rank (their middlemen ``setsid()`` out of horovodrun's
-    process group; the launcher walks the process tree and the job's environment marker).
-    Each output line is stamped with its arrival time (seconds after launch), so a benchmark
-    can tell when a rank printed, e.g., the end of an epoch. The combined output also goes to
-    ``log``; on a non-zero exit or a timeout, raise with the log's tail.
+    timeout stops horovodrun *and* every rank (their middlemen ``setsid()`` out of horovodrun's
+    process group; the launcher walks the process tree and the job's environment marker). On a
+    trainer-only host (the GPU device image has no Airflow) horovodrun runs directly and a timeout
+    kills its process tree (psutil). Each output line is stamped with its arrival time (seconds
+    after launch), so a benchmark can tell when a rank printed, e.g., the end of an epoch. The
+    combined output also goes to ``log``; on a non-zero exit or a timeout, raise with the log's
+    tail.
     """
     if np < 1:
         raise ValueError(f"np (Horovod ranks) must be >= 1, got {np}")
-    # Imported here: the ranks import this module too and need neither Airflow nor psutil.
-    try:
-        from horovod_airflow.operators.exceptions import (
-            HorovodTimeoutError,
-            HorovodTrainingError,
-        )
-        from horovod_airflow.operators.launchers.base import JobSpec
-        from horovod_airflow.operators.launchers.local import LocalLauncher
-    except ModuleNotFoundError as e:
-        if e.name is None or e.name.split(".")[0] != "airflow":
-            raise
-        # A trainer-only host (the GPU device image has no Airflow): horovodrun directly.
-        return run_horovodrun(np, module_args, log=log, timeout=timeout, env=env)
-
-    # The local launcher runs horovodrun -np N -H localhost:N around the program.
-    spec = JobSpec(
-        name=f"bench-{module_args[0] if module_args else 'run'}",
-        argv=[sys.executable, "-m", *module_args],
-        env=env or rank_env(),
-        num_proc=np,
-        timeout=timeout,
-    )
+    program = [sys.executable, "-m", *module_args]
+    env = env or rank_env()
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log.open("w") as f:
         out = _StampedLog(f, start)
-        why = ""
         try:
-            LocalLauncher().run(spec, out)
-        except HorovodTimeoutError:
-            why = f"timed out after {timeout:g}s (horovodrun and all its ranks were stopped)"
-        except HorovodTrainingError as e:
-            why = f"exited {e.exit_code}"
-    lines = out.lines
+            command, why = _run_with_local_launcher(np, program, env, timeout, out)
+        except ModuleNotFoundError as e:
+            if e.name is None or e.name.split(".")[0] != "airflow":
+                raise
+            out.info("bench: no Airflow here, so no local launcher: horovodrun directly")
+            command, why = _run_horovodrun(np, program, env, timeout, out)
     wall = time.perf_counter() - start
     if why:
         # The ranks' own lines say why; horovodrun's traceback after them does not.
-        rank_lines = [line for _, line in lines if RANK_PREFIX.match(line)]
-        tail = "\n".join(rank_lines[-30:] or [line for _, line in lines[-40:]])
-        command = f"horovodrun -np {np} {' '.join(spec.argv)}"
+        rank_lines = [line for _, line in out.lines if RANK_PREFIX.match(line)]
+        tail = "\n".join(rank_lines[-30:] or [line for _, line in out.lines[-40:]])
         raise RuntimeError(f"{command} {why}; log tail ({log}):\n{tail}")
-    return HorovodRun(wall_seconds=wall, lines=lines, log=log)
+    return HorovodRun(wall_seconds=wall, lines=out.lines, log=log)
 
 
-def run_horovodrun(
-    np: int,
-    module_args: Sequence[str],
-    *,
-    log: Path,
-    timeout: float,
-    env: dict[str, str] | None = None,
-) -> HorovodRun:
-    """:func:`run_horovod` where Airflow (and so the local launcher) is absent: the same
-    ``horovodrun --gloo -np N -H localhost:N python -m <module_args>``, each line stamped; past
-    ``timeout`` horovodrun and every process under it are killed (psutil)."""
+def _run_with_local_launcher(
+    np: int, program: list[str], env: dict[str, str], timeout: float, out: _StampedLog
+) -> tuple[str, str]:
+    """The local launcher runs ``horovodrun -np N -H localhost:N`` around ``program``; return
+    the command and why it failed ("" when it did not)."""
+    # Imported here: the ranks import this module too and need neither Airflow nor psutil.
+    from horovod_airflow.operators.exceptions import HorovodTimeoutError, HorovodTrainingError
+    from horovod_airflow.operators.launchers.base import JobSpec
+    from horovod_airflow.operators.launchers.local import LocalLauncher
+
+    name = f"bench-{program[2] if len(program) > 2 else 'run'}"
+    spec = JobSpec(name=name, argv=program, env=env, num_proc=np, timeout=timeout)
+    command = f"horovodrun -np {np} {' '.join(program)}"
+    try:
+        LocalLauncher().run(spec, out)
+    except HorovodTimeoutError:
+        return command, f"timed out after {timeout:g}s (horovodrun and all its ranks were stopped)"
+    except HorovodTrainingError as e:
+        return command, f"exited {e.exit_code}"
+    return command, ""
+
+
+def _run_horovodrun(
+    np: int, program: list[str], env: dict[str, str], timeout: float, out: _StampedLog
+) -> tuple[str, str]:
+    """:func:`_run_with_local_launcher` where Airflow (and so the launcher) is absent:
+    ``horovodrun --gloo -np N -H localhost:N <program>``; past ``timeout`` horovodrun and every
+    process under it are killed."""
     import subprocess
     import threading
 
     import psutil
 
-    env = env or rank_env()
     here = Path(sys.executable).parent / "horovodrun"
     horovodrun = str(here) if here.exists() else "horovodrun"
-    argv = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}"]
-    argv += [sys.executable, "-m", *module_args]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with log.open("w") as f:
-        out = _StampedLog(f, start)
-        out.info("bench: no Airflow here, so no local launcher: started %s", " ".join(argv))
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        stream = proc.stdout
+    argv = [horovodrun, "--gloo", "-np", str(np), "-H", f"localhost:{np}", *program]
+    out.info("bench: started %s", " ".join(argv))
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    stream = proc.stdout
 
-        def pump() -> None:
-            for line in stream:
-                out.info(line.rstrip("\n"))
+    def pump() -> None:
+        for line in stream:
+            out.info(line.rstrip("\n"))
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        why = ""
-        try:
-            code = proc.wait(timeout=timeout)
-            if code != 0:
-                why = f"exited {code}"
-        except subprocess.TimeoutExpired:
-            tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
-            for p in tree:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            proc.wait()
-            why = f"timed out after {timeout:g}s (horovodrun and all its ranks were killed)"
-        reader.join(timeout=10)
-    wall = time.perf_counter() - start
-    if why:
-        rank_lines = [line for _, line in out.lines if RANK_PREFIX.match(line)]
-        tail = "\n".join(rank_lines[-30:] or [line for _, line in out.lines[-40:]])
-        raise RuntimeError(f"{' '.join(argv)} {why}; log tail ({log}):\n{tail}")
-    return HorovodRun(wall_seconds=wall, lines=out.lines, log=log)
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    why = ""
+    try:
+        code = proc.wait(timeout=timeout)
+        if code != 0:
+            why = f"exited {code}"
+    except subprocess.TimeoutExpired:
+        tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        proc.wait()
+        why = f"timed out after {timeout:g}s (horovodrun and all its ranks were killed)"
+    reader.join(timeout=10)
+    return " ".join(argv), why
 
 
 def json_events(run: HorovodRun, event: str | None = None) -> list[tuple[float, dict[str, Any]]]:

@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_driver_arguments, write_run
 from bench.pipeline_overhead import measure_once
-from bench.report import machine, machine_line, md_table, write_results
+from bench.report import machine, machine_line, md_table
 
 KINDS = ("moto", "seaweedfs")
 UP_LINE = re.compile(r"embedded S3 \((\w+)\) on \S+, up in ([\d.]+)s")
@@ -44,11 +45,10 @@ def _figures(run: dict[str, Any], log: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 epoch on 2,048 train samples")
     parser.add_argument("--repeat", type=int, default=2, help="pairs of runs (default 2)")
-    parser.add_argument("--results-dir", type=Path, default=None, help="default bench/results")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per pipeline run")
+    add_driver_arguments(parser, quick="1 epoch on 2,048 train samples", np=False)
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be an integer >= 1, got {args.repeat}")
@@ -90,10 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             machine_line(m),
         ]
     )
-    name = "s3_servers_quick" if args.quick else "s3_servers"
-    write_results(name, markdown, {"machine": m, "runs": figures, "median": median},
-                  args.results_dir)  # fmt: skip
-    return 0
+    return write_run(
+        "s3_servers", args, markdown, {"machine": m, "runs": figures, "median": median}
+    )
 
 
 if __name__ == "__main__":

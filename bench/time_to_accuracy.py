@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_np_argument, add_results_dir_argument, ranks_from, require_positive
+from bench.common import add_driver_arguments, ranks_from, require_positive, write_run
 from bench.datasets import stage_local_dataset
 from bench.demo_baseline import TARGET_ACCURACY, run_demo
 from bench.report import (
@@ -226,13 +226,11 @@ def speedup_from_launch(data: dict[str, Any]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_np_argument(parser)
+    add_driver_arguments(parser, quick="tiny subsets, 1 epoch each")
     parser.add_argument("--demo-epochs", type=int, default=3, help="the demo's 3 by default")
-    parser.add_argument("--quick", action="store_true", help="tiny subsets, 1 epoch each")
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=[42, 1, 2], help="our runs' seeds (42 1 2)"
     )
-    add_results_dir_argument(parser)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument(
         "--render", type=Path, default=None, help="rebuild the Markdown from a saved .json"
@@ -276,9 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_before_demo": load_between,
     }
     data["speedup"] = speedup_from_launch(data)
-    name = "time_to_accuracy_quick" if args.quick else "time_to_accuracy"
-    write_results(name, render(data), data, args.results_dir)
-    return 0
+    return write_run("time_to_accuracy", args, render(data), data)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.common import (
-    add_rank_parser,
-    add_results_dir_argument,
+    add_driver_arguments,
+    driver_parsers,
     require_positive,
     run_rank_program,
     run_timeout,
+    write_run,
 )
-from bench.report import default_ranks, machine, machine_line, md_table, write_results
+from bench.report import default_ranks, machine, machine_line, md_table
 
 if TYPE_CHECKING:
     import torch
@@ -442,17 +443,14 @@ def _spread(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    rank = add_rank_parser(sub, torchvision_root=True)
+    parser, rank = driver_parsers(__doc__, torchvision_root=True)
     for p in (parser, rank):
         p.add_argument("--steps", type=int, default=200, help="at most this many steps a repeat")
         p.add_argument("--seconds", type=float, default=3.0, help="aim for this long a repeat")
         p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
         p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
     parser.add_argument("--np", type=int, nargs="+", default=None, help="rank counts (1 2)")
-    parser.add_argument("--quick", action="store_true", help="2 steps, 1 repeat (smoke test)")
-    add_results_dir_argument(parser)
+    add_driver_arguments(parser, quick="2 steps, 1 repeat (smoke test)", np=False)
     args = parser.parse_args(argv)
     require_positive(parser, args, ("steps", "warmup", "repeats"))
     if args.seconds <= 0:
@@ -495,10 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         "2-rank / (2 × 1-rank); our ranks share the same cores (threads = cores ÷ ranks)."
     )
     markdown = "\n".join([title, "", body, "", notes, "", machine_line(m)])
-    name = "train_throughput_quick" if args.quick else "train_throughput"
     data = {"machine": m, "quick": args.quick, "runs": runs, "ratios": derived}
-    write_results(name, markdown, data, args.results_dir)
-    return 0
+    return write_run("train_throughput", args, markdown, data)
 
 
 if __name__ == "__main__":
