@@ -30,7 +30,6 @@ compare with; it passes (the duplicate and user checks still apply) and says so.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +39,7 @@ from typing import Any
 
 from horovod_airflow.core import layout, storage
 from horovod_airflow.core.contract import MANIFEST_NAME
+from horovod_airflow.operators.import_path import check_import_path, import_callable
 
 log = logging.getLogger(__name__)
 
@@ -96,27 +96,13 @@ class DataChecks:
             )
         object.__setattr__(self, "class_labels", tuple(labels))
         if self.check is not None:
-            module, _, func = (
-                self.check.partition(":") if isinstance(self.check, str) else ("",) * 3
-            )
-            if not module or not func:
-                raise ValueError(
-                    f"DataChecks.check must be an import path 'package.module:function' or None, "
-                    f"got {self.check!r}"
-                )
+            check_import_path(self.check, "DataChecks.check")
 
     def user_check(self) -> Callable[..., Any] | None:
         """The user check's function, imported; ValueError naming the path if it is not one."""
         if self.check is None:
             return None
-        module, _, name = self.check.partition(":")
-        try:
-            func = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"DataChecks.check {self.check!r} cannot be imported: {e}") from e
-        if not callable(func):
-            raise ValueError(f"DataChecks.check {self.check!r} is not a function")
-        return func
+        return import_callable(self.check, "DataChecks.check")
 
 
 @dataclass(frozen=True)
