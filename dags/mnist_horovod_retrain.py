@@ -42,7 +42,7 @@ the `HVA_*` environment variables of `operators/settings.py` (bucket, default la
 ranks, trainer image, GPUs per rank, Docker network); train and export share its
 `TRAINER_JOB` settings (connection, image, GPUs, launcher options). The five tasks are the
 pipeline's (`horovod_airflow.operators.pipeline.retraining_pipeline`), the same for every
-model; this file declares MNIST's part (`ModelApp`) and the trigger form.
+model; MNIST's part is its app (`horovod_airflow.apps.mnist.MNIST`), this file the trigger form.
 """
 
 from __future__ import annotations
@@ -51,33 +51,14 @@ from datetime import UTC, datetime
 
 from airflow.sdk import Param, dag
 
+from horovod_airflow.apps.mnist import MNIST
 from horovod_airflow.operators import trainer_param_schema
 from horovod_airflow.operators.pipeline import (
-    ModelApp,
     retraining_dag_args,
     retraining_params,
     retraining_pipeline,
 )
-from horovod_airflow.operators.settings import (
-    DATASET_SOURCE_PATTERN,
-    DATASET_SOURCES,
-    MODEL_NAME,
-)
-
-#: MNIST as an app of the pipeline: the built-in trainer and exporter (no entrypoints), the
-#: dataset the form names, the gate's default (MNIST) champion scorer.
-MNIST = ModelApp(
-    model_name=MODEL_NAME,
-    dataset_name="mnist",
-    dataset_source="{{ params.dataset_source }}",
-    allowed_sources=DATASET_SOURCES,
-    trainer_args={
-        "epochs": "{{ params.epochs }}",
-        "batch_size": "{{ params.batch_size }}",
-        "lr": "{{ params.lr }}",
-        "max_train_samples": "{{ params.max_train_samples }}",
-    },
-)
+from horovod_airflow.operators.settings import DATASET_SOURCE_PATTERN
 
 
 @dag(

@@ -21,11 +21,13 @@ RUN python /tmp/hva/pins_from_lock.py /tmp/hva/airflow-requirements.in /tmp/hva/
  && rm -rf /tmp/hva
 
 # Our packages on PYTHONPATH under their import name, horovod_airflow (as the wheel installs
-# them): the Airflow side is operators/ and the torch-free core/ it shares with the ranks; the
-# rank program (trainer/) is not here at all, so nothing in this image can import torch.
+# them): the Airflow side is operators/ and the apps/ built on it, and the torch-free core/ it
+# shares with the ranks; the rank program (trainer/) is not here at all, so nothing in this
+# image can import torch.
 COPY --chown=50000:0 horovod_airflow/__init__.py /opt/hva/horovod_airflow/__init__.py
 COPY --chown=50000:0 core/ /opt/hva/horovod_airflow/core/
 COPY --chown=50000:0 operators/ /opt/hva/horovod_airflow/operators/
+COPY --chown=50000:0 apps/ /opt/hva/horovod_airflow/apps/
 COPY --chown=50000:0 docker/check_docker_launcher.py /opt/hva/bin/check_docker_launcher.py
 # The vendored MNIST, which the DAG's dataset_source "vendored" stages: HVA_VENDORED_MNIST says
 # where (operators/staging.py; in a checkout it is <repo>/data/mnist).

@@ -27,7 +27,6 @@ from horovod_airflow.operators.job import (
     is_templated,
 )
 from horovod_airflow.operators.model_registry import (
-    DEFAULT_CHAMPION_SCORER,
     gate_challenger,
     read_latest,
     resolve_champion_scorer,
@@ -73,9 +72,9 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
     :param champion_scorer: re-scores a champion measured on other data on this run's
         dataset: ``"package.module:function"`` or a callable, called as ``f(published,
         dataset_uri, client=...)`` and returning ``{"accuracy": ...}``
-        (:func:`horovod_airflow.operators.model_registry.resolve_champion_scorer`); default: the
-        MNIST
-        scorer; None: no re-scoring, so a champion measured on other data fails the gate.
+        (:func:`horovod_airflow.operators.model_registry.resolve_champion_scorer`; a model's app
+        names its own, e.g. MNIST's ``horovod_airflow.apps.mnist:score_published_model``);
+        None (the default): no re-scoring, so a champion measured on other data fails the gate.
         A model whose dataset never changes (same content hash) is never re-scored.
     :param min_accuracy_floor: the deployment's floor: a rendered ``min_accuracy`` below it
         fails the task without retry, naming both (whoever may trigger a run may not lower
@@ -120,7 +119,7 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         metric_key: str = "val_accuracy",
         aws_conn_id: str | None = "aws_default",
         ignore_downstream_trigger_rules: bool = True,
-        champion_scorer: str | Callable[..., dict[str, Any]] | None = DEFAULT_CHAMPION_SCORER,
+        champion_scorer: str | Callable[..., dict[str, Any]] | None = None,
         min_accuracy_floor: float = 0.0,
         max_regression_ceiling: float = 1.0,
         on_refused: Sequence[Any] = (),

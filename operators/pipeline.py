@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from airflow.sdk import Asset, Param
+from airflow.sdk import Asset, Param, get_current_context, task
 
 from horovod_airflow.core.layout import RUNS_DIR
 from horovod_airflow.operators import settings
 from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.export import HorovodExportOperator
 from horovod_airflow.operators.gate import ModelGateOperator
+from horovod_airflow.operators.import_path import check_import_path, import_callable
 from horovod_airflow.operators.model_registry import (
-    DEFAULT_CHAMPION_SCORER,
     latest_asset_name,
     latest_uri,
     safe_key,
@@ -70,8 +70,8 @@ class ModelApp:
         ``"{{ params.dataset_source }}"``).
     :param dataset_files: the file patterns of a file set (``StageDatasetOperator(files=)``);
         None: the four MNIST-format IDX files.
-    :param allowed_sources: the sources a run may stage (the deployment's allowlist; empty:
-        any).
+    :param allowed_sources: the sources a run may stage; None: the deployment's allowlist
+        (``HVA_DATASET_SOURCES``, read when the DAG is built; unset: any); empty: any.
     :param train_entrypoint: its training program; None: ``python -m horovod_airflow.trainer
         train``.
     :param export_entrypoint: its export program; None: ``python -m horovod_airflow.trainer
@@ -79,6 +79,12 @@ class ModelApp:
     :param trainer_args: extra options of the training program (values templated).
     :param champion_scorer: ``module:function`` that re-scores a champion measured on other
         data (``ModelGateOperator(champion_scorer=)``); None: the gate refuses instead.
+    :param serving_check: ``module:function`` that the serving-side DAG runs
+        (:func:`serving_pipeline`) on the version a publish announced, called as
+        ``f(bucket_uri, model_name, *, client, published, **params)`` — ``published`` the
+        Asset event's ``extra`` (None: a manual run, the current ``latest.json``), ``params``
+        the serving DAG's form — returning what it found (its XCom) or raising; None: the app
+        has no serving DAG.
     :param data_checks: what staging checks against the previous staged dataset of the name
         (``StageDatasetOperator(checks=)``); None: the deployment's thresholds
         (``settings.DATA_CHECKS``, ``HVA_DATA_*``).
@@ -88,12 +94,13 @@ class ModelApp:
     dataset_name: str
     dataset_source: str
     dataset_files: Sequence[str] | None = None
-    allowed_sources: Sequence[str] = ()
+    allowed_sources: Sequence[str] | None = None
     train_entrypoint: Sequence[str] | None = None
     export_entrypoint: Sequence[str] | None = None
     trainer_args: Mapping[str, Any] = field(default_factory=dict)
-    champion_scorer: str | None = DEFAULT_CHAMPION_SCORER
+    champion_scorer: str | None = None
     data_checks: DataChecks | None = None
+    serving_check: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_name", "dataset_name", "dataset_source"):
@@ -107,6 +114,9 @@ class ModelApp:
                 "ModelApp.dataset_files must be a non-empty list of file patterns, or None "
                 f"for MNIST-format IDX files; got {self.dataset_files!r}"
             )
+        for name in ("champion_scorer", "serving_check"):
+            if getattr(self, name) is not None:
+                check_import_path(getattr(self, name), f"ModelApp.{name}")
 
     @property
     def latest_uri(self) -> str:
@@ -143,7 +153,9 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
         files=list(app.dataset_files) if app.dataset_files is not None else None,
         bucket_uri=settings.BUCKET_URI,
         dataset_name=app.dataset_name,
-        allowed_sources=tuple(app.allowed_sources),
+        allowed_sources=(
+            settings.DATASET_SOURCES if app.allowed_sources is None else tuple(app.allowed_sources)
+        ),
         checks=settings.DATA_CHECKS if app.data_checks is None else app.data_checks,
         aws_conn_id=settings.AWS_CONN_ID,
     )
@@ -251,4 +263,44 @@ def retraining_dag_args() -> dict[str, Any]:
             "execution_timeout": settings.TASK_TIMEOUT,
             "on_failure_callback": settings.FAILURE_ALERTS,
         },
+    }
+
+
+def serving_pipeline(app: ModelApp) -> Any:
+    """Create the serving-side task of ``app`` in the DAG being defined: ``smoke_test_latest``
+    runs ``app.serving_check`` on the version the triggering Asset event names (a manual run:
+    the one ``latest.json`` names now), with the DAG's params as keywords; its result is the
+    task's XCom. Schedule the DAG on ``app.latest_asset``; see :func:`serving_dag_args`."""
+    if app.serving_check is None:
+        raise ValueError(f"ModelApp {app.model_name!r} declares no serving_check")
+    check_path, model_name, asset = app.serving_check, app.model_name, app.latest_asset
+
+    @task(task_id="smoke_test_latest")
+    def smoke_test_latest() -> Any:
+        """The announced version serves as its app's check requires, or the task fails."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from horovod_airflow.operators.serving import published_from_events
+
+        context = get_current_context()
+        check = import_callable(check_path, "ModelApp.serving_check")
+        return check(
+            settings.BUCKET_URI,
+            model_name,
+            client=S3Hook(aws_conn_id=settings.AWS_CONN_ID).get_conn(),
+            published=published_from_events(context["triggering_asset_events"], asset),
+            **dict(context["params"]),
+        )
+
+    return smoke_test_latest()
+
+
+def serving_dag_args() -> dict[str, Any]:
+    """The ``@dag`` arguments every serving-side DAG shares: one run at a time, no catch-up, the
+    deployment's run and task timeouts. (Its schedule is the app's ``latest_asset``.)"""
+    return {
+        "catchup": False,
+        "max_active_runs": 1,
+        "dagrun_timeout": settings.RUN_TIMEOUT,
+        "default_args": {"execution_timeout": settings.TASK_TIMEOUT},
     }

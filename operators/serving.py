@@ -1,6 +1,8 @@
 """The serving side's view of a published model: fetch, verify, predict (onnxruntime, no torch).
 
-Also used by the gate to re-score the champion on a challenger's dataset, so that the two
+Model-agnostic: a model's own data format comes in as its test-split loader (MNIST's is in
+:mod:`horovod_airflow.apps.mnist`, the example's in ``examples/waveforms/serving.py``). Also
+used by the gate to re-score the champion on a challenger's dataset, so that the two
 accuracies it compares were measured on the same data.
 
 The input normalization is never a constant here: the model carries it (the ONNX metadata
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from horovod_airflow.core import contract, layout, storage
+from horovod_airflow.core import contract, storage
 from horovod_airflow.core.contract import (
     LATEST_NAME,
     ONNX_NAME,
@@ -28,7 +30,6 @@ from horovod_airflow.core.contract import (
     VERSION_MANIFEST_NAME,
 )
 from horovod_airflow.operators.model_registry import check_version, models_prefix, read_champion
-from horovod_airflow.operators.staging import vendored_mnist
 
 log = logging.getLogger(__name__)
 
@@ -84,33 +85,6 @@ def _location(uri: Any) -> str:
         return str(storage.parse(str(uri)))
     except ValueError:
         return f"<not a location: {uri!r}>"
-
-
-def load_test_images(count: int, folder: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``count`` MNIST test images (uint8 [N, 28, 28]) and labels of ``folder``
-    (default: the vendored MNIST, :func:`~horovod_airflow.operators.staging.vendored_mnist`)."""
-    files = layout.find_source_files(vendored_mnist() if folder is None else folder)
-    images = layout.read_idx(files[("test", "images")])
-    labels = layout.read_idx(files[("test", "labels")])
-    return images[:count], labels[:count]
-
-
-def load_staged_test_split(
-    dataset_uri: str, workdir: Path, *, client: Any | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The whole test split of a staged dataset, each file checked against its manifest."""
-    manifest = layout.parse_manifest(
-        storage.read_bytes(storage.join(dataset_uri, layout.MANIFEST_NAME), client=client)
-    )
-    arrays = []
-    for kind in ("images", "labels"):
-        entry = layout.entry_for(manifest, "test", kind)
-        path = storage.download_file(
-            storage.join(dataset_uri, entry["name"]), workdir / entry["name"], client=client
-        )
-        layout.verify_file(path, entry)
-        arrays.append(layout.read_idx(path))
-    return arrays[0], arrays[1]
 
 
 def open_published_model(
@@ -195,14 +169,6 @@ def score_on_test_split(
     return result
 
 
-def score_published_model(
-    published: dict[str, Any], dataset_uri: str, *, client: Any | None = None
-) -> dict[str, Any]:
-    """The MNIST scorer (the gate's default): accuracy on a staged MNIST-format dataset's
-    whole test split."""
-    return score_on_test_split(published, dataset_uri, load_staged_test_split, client=client)
-
-
 def published_from_events(events: Any, asset: Any) -> dict[str, Any] | None:
     """The ``extra`` of the newest triggering event of ``asset`` that names a model, or None.
 
@@ -250,21 +216,23 @@ class ServingCheckError(RuntimeError):
     """The published model does not serve what its training reported."""
 
 
-def smoke_test_published_model(
+def check_served_accuracy(
     bucket_uri: str,
     model_name: str,
     *,
+    load_test_split: Callable[..., tuple[np.ndarray, np.ndarray]],
     client: Any | None = None,
     published: dict[str, Any] | None = None,
     tolerance: float = SERVED_ACCURACY_TOLERANCE,
 ) -> dict[str, Any]:
-    """Check that a published model serves what its training reported.
+    """Check that a published model serves what its training reported, whatever the model.
 
     ``published`` names the version (the ``extra`` of the Asset event that triggered the
     serving run); None: the version ``latest.json`` names now (a manual run). The model is
     read from the registry and checked against its manifest's sha256
-    (:func:`open_published_model`); then it predicts the raw test images of the dataset its
-    manifest records (the first ``val_samples``, the ones the training evaluated), prepared
+    (:func:`open_published_model`); then it predicts the raw test samples of the dataset its
+    manifest records — ``load_test_split(dataset_uri, workdir, client=client)``, the model's
+    own data format — (the first ``val_samples``, the ones the training evaluated), prepared
     only by the preprocessing the model itself declares (:func:`predict`). That accuracy
     must equal the training's reported ``val_accuracy`` within ``tolerance`` (a fraction),
     or :class:`ServingCheckError` says both numbers.
@@ -283,7 +251,7 @@ def smoke_test_published_model(
     with tempfile.TemporaryDirectory(prefix="hva-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)
         actual = storage.sha256_file(Path(tmp) / ONNX_NAME)
-        raw, labels = load_staged_test_split(dataset_uri, Path(tmp), client=client)
+        raw, labels = load_test_split(dataset_uri, Path(tmp), client=client)
     if samples:
         raw, labels = raw[:samples], labels[:samples]
     predictions = predict(session, raw)

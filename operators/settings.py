@@ -65,7 +65,6 @@ from horovod_airflow.operators.alerts import alert_notifiers, run_deadline_alert
 from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.job import HorovodJobSettings
 from horovod_airflow.operators.launchers.docker import DockerOptions
-from horovod_airflow.operators.model_registry import latest_asset_name, latest_uri
 
 
 def minutes(name: str, default: int) -> timedelta:
@@ -127,7 +126,6 @@ AWS_CONN_ID = os.environ.get("HVA_AWS_CONN_ID", "aws_default")
 RANK_AWS_CONN_ID = os.environ.get("HVA_RANK_AWS_CONN_ID") or None
 BUCKET = os.environ.get("HVA_BUCKET", "horovod-airflow")
 BUCKET_URI = f"s3://{BUCKET}"
-MODEL_NAME = "mnist_cnn"
 DEFAULT_LAUNCHER = os.environ.get("HVA_LAUNCHER", "local")
 TRAINER_IMAGE = os.environ.get("HVA_TRAINER_IMAGE", "horovod-airflow/trainer:latest")
 DEFAULT_NUM_PROC = int(os.environ.get("HVA_NUM_PROC", "2"))
@@ -183,9 +181,6 @@ if RUN_DEADLINE >= RUN_TIMEOUT:
         "(the alert must come first); default 180"
     )
 RUN_DEADLINE_ALERTS = run_deadline_alerts(RUN_DEADLINE, ALERT_EMAILS, SMTP_CONN_ID)
-#: The Asset URI of the serving pointer that ``publish`` writes last.
-LATEST_MODEL_URI = latest_uri(BUCKET_URI, MODEL_NAME)
-LATEST_MODEL_ASSET_NAME = latest_asset_name(MODEL_NAME)
 #: What the pipeline's Horovod jobs (train and export) share, for whichever launcher the
 #: trigger form picks: ``HorovodTrainOperator(..., **TRAINER_JOB)``. The docker options are
 #: used when the launcher renders to ``"docker"``, unused otherwise (see the launcher options

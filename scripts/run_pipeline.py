@@ -109,7 +109,8 @@ def _start_execution_api() -> None:
 def _run(conf: dict, out: Path) -> int:
     from airflow.sdk import DagRunState
 
-    from dags.mnist_horovod_retrain import MNIST, retrain_dag
+    from dags.mnist_horovod_retrain import retrain_dag
+    from horovod_airflow.apps.mnist import MNIST
     from horovod_airflow.core import storage
     from horovod_airflow.core.contract import GATE, GATE_NAME, LATEST_NAME, METRICS, METRICS_NAME
     from horovod_airflow.operators.model_registry import read_champion

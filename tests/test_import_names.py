@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 import horovod_airflow
-from horovod_airflow import core, operators, trainer
+from horovod_airflow import apps, core, operators, trainer
 
 REPO = Path(__file__).resolve().parents[1]
-BARE = ("core", "trainer", "operators")
-LAYERS = {"core": core, "trainer": trainer, "operators": operators}
+BARE = ("core", "trainer", "operators", "apps")
+LAYERS = {"core": core, "trainer": trainer, "operators": operators, "apps": apps}
 
 
 def _bare_imports(path: Path) -> list[str]:
@@ -160,7 +160,9 @@ _BLOCKED = {
              "horovod_airflow.operators"),
     "trainer": ("airflow", "horovod_airflow.operators"),
     # Module level only: a launcher imports horovod lazily where a rank runs.
-    "operators": ("torch", "torchvision", "horovod", "onnx", "horovod_airflow.trainer"),
+    "operators": ("torch", "torchvision", "horovod", "onnx", "horovod_airflow.trainer",
+                  "horovod_airflow.apps"),
+    "apps": ("torch", "torchvision", "horovod", "onnx", "horovod_airflow.trainer"),
 }  # fmt: skip
 
 _IMPORT_LAYER = textwrap.dedent(

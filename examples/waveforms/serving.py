@@ -41,7 +41,7 @@ def score_published_model(
 
     The gate's ``champion_scorer`` for this model (``examples.waveforms.serving:
     score_published_model``): same signature and result as
-    :func:`horovod_airflow.operators.serving.score_published_model`. A model or data it cannot read
+    :func:`horovod_airflow.apps.mnist.score_published_model`. A model or data it cannot read
     raises
     ValueError (``horovod_airflow.core.contract.ContractError``,
     ``horovod_airflow.core.layout.DatasetError``), which
@@ -72,8 +72,10 @@ def serving_check(
 
     The samples are drawn anew (``SERVING_SEED``: not in the staged data). ``published``:
     the triggering Asset event's ``extra``; None: what ``latest.json`` names now. Raises
-    :class:`ServingCheckError` when fewer than ``min_accuracy`` of them are right.
+    :class:`ServingCheckError` when fewer than ``min_accuracy`` of them are right. The serving
+    DAG passes its form's values (JSON numbers) as ``sample_count`` and ``min_accuracy``.
     """
+    sample_count, min_accuracy = int(sample_count), float(min_accuracy)
     published, source = published_or_latest(bucket_uri, model_name, published, client=client)
     with tempfile.TemporaryDirectory(prefix="hva-wf-serve-") as tmp:
         session = open_published_model(published, Path(tmp), client=client)

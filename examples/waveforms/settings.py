@@ -34,6 +34,8 @@ TRAIN_ENTRYPOINT = ("python", "-m", "examples.waveforms.train")
 EXPORT_ENTRYPOINT = ("python", "-m", "examples.waveforms.export")
 #: Re-scores a champion on another dataset for the gate (ModelGateOperator ``champion_scorer=``).
 CHAMPION_SCORER = "examples.waveforms.serving:score_published_model"
+#: What waveforms_serve_latest_model runs on an announced version (its form's params as keywords).
+SERVING_CHECK = "examples.waveforms.serving:serving_check"
 
 #: The model as an app of the retraining pipeline (horovod_airflow.operators.pipeline).
 WAVEFORMS = ModelApp(
@@ -46,6 +48,7 @@ WAVEFORMS = ModelApp(
     trainer_args={"epochs": "{{ params.epochs }}"},
     champion_scorer=CHAMPION_SCORER,
     data_checks=DATA_CHECKS,
+    serving_check=SERVING_CHECK,
 )
 #: The serving pointer publish writes last, and its Asset (waveforms_serve_latest_model's schedule).
 LATEST_MODEL_URI = WAVEFORMS.latest_uri

@@ -27,7 +27,6 @@ of a version).
 """
 
 from horovod_airflow.operators.model_registry.gate import (
-    DEFAULT_CHAMPION_SCORER,
     GateDecision,
     champion_dataset_hash,
     decide_gate,
@@ -60,7 +59,6 @@ from horovod_airflow.operators.model_registry.summaries import (
 )
 
 __all__ = [
-    "DEFAULT_CHAMPION_SCORER",
     "KEY_HASH_CHARS",
     "KEY_READABLE_CHARS",
     "ConditionalWritesUnsupportedError",

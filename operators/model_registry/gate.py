@@ -14,6 +14,7 @@ from horovod_airflow.core.contract import (
     GATE_NAME,
     LATEST_NAME,
 )
+from horovod_airflow.operators.import_path import import_callable
 from horovod_airflow.operators.model_registry.latest import read_latest
 
 log = logging.getLogger(__name__)
@@ -149,11 +150,6 @@ def _short(content_hash: str | None) -> str:
     return "unknown (not recorded)" if not content_hash else content_hash[:16]
 
 
-#: The gate's default champion scorer: MNIST test split, onnxruntime
-# (horovod_airflow.operators.serving).
-DEFAULT_CHAMPION_SCORER = "horovod_airflow.operators.serving:score_published_model"
-
-
 def resolve_champion_scorer(
     scorer: str | Callable[..., dict[str, Any]] | None,
 ) -> Callable[..., dict[str, Any]] | None:
@@ -164,26 +160,17 @@ def resolve_champion_scorer(
     client=client)`` — ``published`` the champion's ``latest.json``, ``dataset_uri`` the
     staged dataset of this run — and returns a dict with ``accuracy`` (a fraction in [0, 1],
     the champion's on that dataset), like
-    :func:`horovod_airflow.operators.serving.score_published_model`.
+    :func:`horovod_airflow.apps.mnist.score_published_model` (MNIST's).
     Raises ValueError naming a path that does not import or name a callable.
     """
     if scorer is None or callable(scorer):
         return scorer
-    if not isinstance(scorer, str) or scorer.count(":") != 1:
+    if not isinstance(scorer, str):
         raise ValueError(
             f"champion_scorer must be a callable, None, or 'package.module:function', "
             f"got {scorer!r}"
         )
-    import importlib
-
-    module_name, _, attr = scorer.partition(":")
-    try:
-        func = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"champion_scorer {scorer!r} does not import: {e}") from e
-    if not callable(func):
-        raise ValueError(f"champion_scorer {scorer!r} is not callable")
-    return func
+    return import_callable(scorer, "champion_scorer")
 
 
 def gate_challenger(
@@ -196,7 +183,7 @@ def gate_challenger(
     max_regression: float,
     metric_key: str = "val_accuracy",
     client: Any | None = None,
-    champion_scorer: str | Callable[..., dict[str, Any]] | None = DEFAULT_CHAMPION_SCORER,
+    champion_scorer: str | Callable[..., dict[str, Any]] | None = None,
 ) -> GateDecision:
     """The gate task: read the champion, compare like with like, write ``gate.json``.
 
@@ -206,7 +193,7 @@ def gate_challenger(
     this dataset), so ``metric_key`` must name the challenger's accuracy, a fraction in
     [0, 1]. When the champion was measured on other data
     (or its dataset is not recorded), it is re-scored on this dataset first by
-    ``champion_scorer`` (see :func:`resolve_champion_scorer`; default: the MNIST scorer,
+    ``champion_scorer`` (see :func:`resolve_champion_scorer`; the model's own, e.g. MNIST's
     onnxruntime on the staged test split); if that fails, or ``champion_scorer`` is None,
     the decision refuses and says why — except where the store did not answer
     (:class:`~horovod_airflow.core.storage.TransientStorageError`, raised: the task fails

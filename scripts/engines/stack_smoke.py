@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: its registry layout
+from horovod_airflow.apps.mnist import MODEL_NAME
 from horovod_airflow.core.contract import LATEST, ONNX_NAME, VERSION_MANIFEST
 from horovod_airflow.operators.model_registry import latest_uri
-from horovod_airflow.operators.settings import MODEL_NAME
 
 RETRAIN_DAG = "mnist_horovod_retrain"
 SERVE_DAG = "mnist_serve_latest_model"

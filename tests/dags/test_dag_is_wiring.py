@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 RETRAIN_DAG = REPO / "dags" / "mnist_horovod_retrain.py"
 RETENTION_DAG = REPO / "dags" / "bucket_retention.py"
 WAVEFORMS_DAG = REPO / "examples" / "waveforms" / "dags" / "waveforms_retrain.py"
+SERVE_DAG = REPO / "dags" / "serve_latest_model.py"
+WAVEFORMS_SERVE_DAG = REPO / "examples" / "waveforms" / "dags" / "waveforms_serve.py"
 PIPELINE = "horovod_airflow.operators.pipeline"
 
 #: Modules whose import means the DAG file does storage, registry or staging work itself.
@@ -32,7 +34,7 @@ FORBIDDEN_MODULES = (
 #: from the trainer and the settings, not decisions).
 MODULE_CALLS = {
     "Asset", "Param", "datetime", "timedelta", "dag", "trainer_param_schema", "gate_param",
-    "ModelApp", "retraining_params", "retraining_dag_args",
+    "ModelApp", "retraining_params", "retraining_dag_args", "serving_dag_args",
 }  # fmt: skip
 #: What a DAG file may take from the Task SDK (no @task bodies, no context reads).
 SDK_NAMES = {"Asset", "Param", "dag", "DAG"}
@@ -143,9 +145,29 @@ def business_logic(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", [RETRAIN_DAG, WAVEFORMS_DAG], ids=["mnist", "waveforms"])
-def test_the_retrain_dags_are_wiring_only(path):
+@pytest.mark.parametrize(
+    "path",
+    [RETRAIN_DAG, WAVEFORMS_DAG, SERVE_DAG, WAVEFORMS_SERVE_DAG],
+    ids=["mnist", "waveforms", "mnist-serve", "waveforms-serve"],
+)
+def test_the_model_dags_are_wiring_only(path):
     assert business_logic(path.read_text()) == []
+
+
+def test_both_serving_dags_are_the_one_serving_pipeline():
+    """MNIST's and the waveforms app's serving DAGs are one task each, built by
+    ``serving_pipeline`` from the app: scheduled on the app's own ``latest.json`` Asset, with
+    the same run settings, and differing in the check the app declares."""
+    mnist, waveforms = (_load_dag(p, "serve_dag") for p in (SERVE_DAG, WAVEFORMS_SERVE_DAG))
+    for dag in (mnist, waveforms):
+        assert list(dag.task_dict) == ["smoke_test_latest"]
+        assert dag.max_active_runs == 1 and dag.catchup is False
+    assert mnist.dagrun_timeout == waveforms.dagrun_timeout
+    timeouts = [d.task_dict["smoke_test_latest"].execution_timeout for d in (mnist, waveforms)]
+    assert timeouts[0] == timeouts[1] is not None
+    schedules = [[a.uri for a in d.timetable.asset_condition.objects] for d in (mnist, waveforms)]
+    assert schedules[0][0].endswith("/models/mnist_cnn/latest.json")
+    assert schedules[1][0].endswith("/models/waveform_cnn/latest.json")
 
 
 def test_the_retention_dag_is_wiring_only():
@@ -155,12 +177,12 @@ def test_the_retention_dag_is_wiring_only():
     assert "BucketRetentionOperator" in created  # not vacuous: the operator is its one task
 
 
-def _load_dag(path: Path):
+def _load_dag(path: Path, name: str = "retrain_dag"):
     spec = importlib.util.spec_from_file_location(f"dag_{path.stem}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.retrain_dag
+    return getattr(module, name)
 
 
 PIPELINE_TASKS = {

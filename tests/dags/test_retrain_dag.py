@@ -74,7 +74,12 @@ def _deploy(bucket: str, module: str = "dags.mnist_horovod_retrain"):
 
     mod = _load_dag(bucket, module)
     # A serving DAG is scheduled on the Asset; a retraining DAG's publish emits it.
-    asset = getattr(mod, "LATEST_MODEL", None) or mod.retrain_dag.task_dict["publish"].outlets[0]
+    dag = getattr(mod, "serve_dag", None) or mod.retrain_dag
+    asset = (
+        dag.task_dict["publish"].outlets[0]
+        if "publish" in dag.task_dict
+        else dag.timetable.asset_condition.objects[0]
+    )
     with create_session() as session:
         session.query(AssetActive).filter(
             AssetActive.name == asset.name, AssetActive.uri != asset.uri
@@ -286,7 +291,8 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(
     onnx_bytes = _get(client, bucket, f"models/mnist_cnn/{version}/model.onnx")
     code = (
         "import sys, onnxruntime as ort\n"
-        "from horovod_airflow.operators.serving import load_test_images, predict\n"
+        "from horovod_airflow.apps.mnist import load_test_images\n"
+        "from horovod_airflow.operators.serving import predict\n"
         "s = ort.InferenceSession(sys.stdin.buffer.read())\n"
         "x, y = load_test_images(int(sys.argv[1]))\n"
         "p = predict(s, x)\n"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.apps.mnist import MNIST
 from horovod_airflow.core import contract, layout
 from horovod_airflow.operators.staging import stage_dataset
 from horovod_airflow.trainer.model import preprocessing
@@ -29,13 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 PRODUCER = """
 from datetime import datetime
 
-from airflow.sdk import DAG, Asset, task
+from airflow.sdk import DAG, task
 
 from horovod_airflow.operators.model_registry import asset_event_extra
-from horovod_airflow.operators.settings import LATEST_MODEL_ASSET_NAME, LATEST_MODEL_URI
+from horovod_airflow.apps.mnist import MNIST
 from tests.operators.helpers import publish_fake_model
 
-LATEST_MODEL = Asset(name=LATEST_MODEL_ASSET_NAME, uri=LATEST_MODEL_URI)
+LATEST_MODEL = MNIST.latest_asset
 
 with DAG("fake_publisher", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
 
@@ -135,12 +136,12 @@ def test_serving_uses_the_triggering_event_then_latest_for_a_manual_run(
     prun = producer.test()
     assert prun.state == DagRunState.SUCCESS
     assert _xcom(prun, "publish") == "v-event"
-    settings = _load("horovod_airflow.operators.settings")
+    _load("horovod_airflow.operators.settings")
     with create_session() as session:
         events = session.scalars(
             select(AssetEvent)
             .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
-            .where(AssetModel.uri == settings.LATEST_MODEL_URI)
+            .where(AssetModel.uri == MNIST.latest_uri)
         ).all()
         assert [e.extra["version"] for e in events] == ["v-event"]
         extra = events[0].extra

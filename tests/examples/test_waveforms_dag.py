@@ -57,7 +57,12 @@ def _deploy(bucket: str, module: str):
     importlib.reload(examples.waveforms.settings)
     mod = importlib.reload(importlib.import_module(module))
     # A serving DAG is scheduled on the Asset; a retraining DAG's publish emits it.
-    asset = getattr(mod, "LATEST_MODEL", None) or mod.retrain_dag.task_dict["publish"].outlets[0]
+    dag = getattr(mod, "serve_dag", None) or mod.retrain_dag
+    asset = (
+        dag.task_dict["publish"].outlets[0]
+        if "publish" in dag.task_dict
+        else dag.timetable.asset_condition.objects[0]
+    )
     with create_session() as session:
         session.query(AssetActive).filter(
             AssetActive.name == asset.name, AssetActive.uri != asset.uri
@@ -199,10 +204,11 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
         champion_scorer=None,
     )  # fmt: skip
     assert not refused.passed and "not re-scored" in refused.reason
-    # The default (MNIST) scorer cannot read a file set: the gate refuses, naming why.
+    # MNIST's scorer cannot read a file set: the gate refuses, naming why.
     mnist_scorer = gate_challenger(
         bucket_uri=f"s3://{bucket}", model_name="waveform_cnn", metrics=challenger,
         dataset=other, min_accuracy=0.0, max_regression=0.0, client=client,
+        champion_scorer="horovod_airflow.apps.mnist:score_published_model",
     )  # fmt: skip
     assert not mnist_scorer.passed and "not re-scored" in mnist_scorer.reason
     assert _get(client, bucket, "models/mnist_cnn/latest.json") == mnist_latest_bytes

@@ -25,6 +25,7 @@ def gate_op(**kwargs) -> ModelGateOperator:
         "dataset": DATASET,
         "min_accuracy": 0.98,
         "max_regression": 0.005,
+        "champion_scorer": "horovod_airflow.apps.mnist:score_published_model",
     }
     return ModelGateOperator(**{**base, **kwargs})
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from horovod_airflow.apps.mnist import smoke_test_published_model
 from horovod_airflow.core import layout, storage
 from horovod_airflow.core.contract import GATE, METRICS
 from horovod_airflow.operators import retention
 from horovod_airflow.operators.exceptions import RetentionConflictError
 from horovod_airflow.operators.model_registry import read_latest, safe_key, write_latest
-from horovod_airflow.operators.serving import smoke_test_published_model
 from horovod_airflow.operators.staging import stage_dataset
 from tests.mnist_subset import write_subset
 from tests.operators.helpers import publish_centroid_model, publish_fake_model

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from horovod_airflow.apps.mnist import SCORER, score_published_model, smoke_test_published_model
 from horovod_airflow.core import layout, storage
 from horovod_airflow.core.contract import GATE, PREPROCESSING_KEY, ContractError
 from horovod_airflow.operators.model_registry import gate_challenger, read_latest
@@ -14,8 +15,6 @@ from horovod_airflow.operators.serving import (
     ModelIntegrityError,
     ServingCheckError,
     published_from_events,
-    score_published_model,
-    smoke_test_published_model,
 )
 from horovod_airflow.operators.staging import stage_dataset
 from tests.operators.helpers import (
@@ -57,7 +56,8 @@ def test_the_gate_rescores_a_champion_measured_on_other_data(s3_server, staged):
 
     decision = gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
                                metrics=metrics, dataset=info, min_accuracy=0.5,
-                               max_regression=0.01, client=s3)  # fmt: skip
+                               max_regression=0.01, client=s3,
+                               champion_scorer=SCORER)  # fmt: skip
     # Against the stored 99.9 % (other data) it would fail; re-scored here it passes.
     assert decision.champion_rescored is True
     assert decision.champion_accuracy == pytest.approx(expected, abs=1e-12)
@@ -78,7 +78,8 @@ def test_the_gate_uses_the_stored_accuracy_on_the_same_data(s3_server, staged):
     metrics = {"val_accuracy": 0.90, "output": f"s3://{bucket}/runs/new"}
     decision = gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
                                metrics=metrics, dataset=info, min_accuracy=0.5,
-                               max_regression=0.01, client=s3)  # fmt: skip
+                               max_regression=0.01, client=s3,
+                               champion_scorer=SCORER)  # fmt: skip
     assert decision.champion_rescored is False and decision.champion_accuracy == 0.95
     assert decision.passed is False and "measured on the same dataset" in decision.reason
 
@@ -92,7 +93,8 @@ def test_the_gate_refuses_when_the_champion_cannot_be_rescored(s3_server, staged
     metrics = {"val_accuracy": 0.99, "output": f"s3://{bucket}/runs/new"}
     decision = gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
                                metrics=metrics, dataset=info, min_accuracy=0.5,
-                               max_regression=0.01, client=s3)  # fmt: skip
+                               max_regression=0.01, client=s3,
+                               champion_scorer=SCORER)  # fmt: skip
     assert decision.passed is False
     assert "not comparable" in decision.reason and "e" * 16 in decision.reason
 
@@ -151,7 +153,8 @@ def test_serving_refuses_a_model_without_preprocessing_instead_of_guessing(s3_se
     metrics = {"val_accuracy": 0.9, "output": f"s3://{bucket}/runs/next"}
     decision = gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
                                metrics=metrics, dataset=info, min_accuracy=0.5,
-                               max_regression=0.01, client=s3)  # fmt: skip
+                               max_regression=0.01, client=s3,
+                               champion_scorer=SCORER)  # fmt: skip
     assert decision.passed is False and "not re-scored" in decision.reason
 
 
@@ -233,7 +236,8 @@ def test_a_latest_json_pointing_outside_the_registry_is_refused(s3_server, stage
     with pytest.raises(ModelIntegrityError, match=r"the latest\.json names onnx_uri"):
         gate_challenger(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
                         metrics={"val_accuracy": 0.9, "output": run}, dataset=info,
-                        min_accuracy=0.5, max_regression=0.01, client=s3)  # fmt: skip
+                        min_accuracy=0.5, max_regression=0.01, client=s3,
+                               champion_scorer=SCORER)  # fmt: skip
     assert not storage.exists(f"{run}/gate.json", client=s3)  # no decision on a forged record
 
 

@@ -128,13 +128,14 @@ def test_read_idx_matches_torchvision_and_rejects_a_truncated_body(tmp_path, mni
 def test_the_vendored_mnist_folder_follows_hva_vendored_mnist(monkeypatch, tmp_path):
     """The Airflow image keeps the MNIST files apart from the package: staging and serving
     both find them through HVA_VENDORED_MNIST, and a wrong folder is named."""
+    from horovod_airflow.apps import mnist
     from horovod_airflow.core import layout
-    from horovod_airflow.operators import serving, staging
+    from horovod_airflow.operators import staging
 
     monkeypatch.setenv("HVA_VENDORED_MNIST", str(staging.VENDORED_MNIST))
     assert staging.vendored_mnist() == staging.VENDORED_MNIST
-    images, labels = serving.load_test_images(3)
+    images, labels = mnist.load_test_images(3)
     assert images.shape == (3, 28, 28) and labels.shape == (3,)
     monkeypatch.setenv("HVA_VENDORED_MNIST", str(tmp_path / "nowhere"))
     with pytest.raises(layout.DatasetError, match="nowhere; set HVA_VENDORED_MNIST"):
-        serving.load_test_images(3)
+        mnist.load_test_images(3)
