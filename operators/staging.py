@@ -76,6 +76,36 @@ def _local_source(
     return Path(storage.parse(source).key)
 
 
+def _check_and_upload(
+    manifest: dict[str, Any],
+    by_name: dict[str, Path],
+    bucket_uri: str,
+    prefix: str,
+    checks: DataChecks | None,
+    parse: Callable[[bytes], dict[str, Any]],
+    client: Any,
+) -> tuple[dict[str, Any], list[str]]:
+    """Run the data checks (a refusal raises before anything is written), then upload the
+    files and, last, the manifest — unless ``prefix`` already holds them all (content-addressed:
+    nothing is uploaded twice). Return the checks' report and what was uploaded (empty: all
+    there already)."""
+    storage.ensure_bucket(bucket_uri, client=client)
+    report = _check(manifest, by_name, bucket_uri, prefix, checks, parse, client)
+    if _already_staged(prefix, manifest, client, parse):
+        return report, []
+    uploaded = []
+    for entry in manifest["files"]:
+        path = by_name[entry["name"]]
+        storage.upload_file(path, storage.join(prefix, path.name), client=client)
+        uploaded.append(path.name)
+    storage.write_text(
+        storage.join(prefix, layout.MANIFEST_NAME),
+        json.dumps(manifest, indent=2, sort_keys=True),
+        client=client,
+    )
+    return report, [*uploaded, layout.MANIFEST_NAME]
+
+
 def _already_staged(
     prefix: str,
     manifest: dict[str, Any],
@@ -154,24 +184,10 @@ def stage_dataset(
         manifest = layout.build_manifest(name, files)
         prefix = layout.staged_prefix(bucket_uri, manifest)
         by_name = {p.name: p for p in files.values()}
-        storage.ensure_bucket(bucket_uri, client=client)
-        report = _check(
+        report, uploaded = _check_and_upload(
             manifest, by_name, bucket_uri, prefix, checks, layout.parse_manifest, client
         )
-        uploaded: list[str] = []
-        if _already_staged(prefix, manifest, client):
-            log.info("dataset %s already staged at %s: nothing to upload", name, prefix)
-        else:
-            for path in files.values():
-                storage.upload_file(path, storage.join(prefix, path.name), client=client)
-                uploaded.append(path.name)
-            storage.write_text(
-                storage.join(prefix, layout.MANIFEST_NAME),
-                json.dumps(manifest, indent=2, sort_keys=True),
-                client=client,
-            )
-            uploaded.append(layout.MANIFEST_NAME)
-            log.info("staged %s (%s) at %s: %s", name, manifest["splits"], prefix, uploaded)
+        log.info("dataset %s (%s) at %s: uploaded %s", name, manifest["splits"], prefix, uploaded)
     return {
         "uri": prefix,
         "name": name,
@@ -232,24 +248,10 @@ def stage_files(
         manifest = fileset.build_manifest(name, files, class_labels=labels)
         prefix = layout.staged_prefix(bucket_uri, manifest)
         by_name = {p.name: p for p in files}
-        storage.ensure_bucket(bucket_uri, client=client)
-        report = _check(
+        report, uploaded = _check_and_upload(
             manifest, by_name, bucket_uri, prefix, checks, fileset.parse_manifest, client
         )
-        uploaded: list[str] = []
-        if _already_staged(prefix, manifest, client, fileset.parse_manifest):
-            log.info("file set %s already staged at %s: nothing to upload", name, prefix)
-        else:
-            for path in files:
-                storage.upload_file(path, storage.join(prefix, path.name), client=client)
-                uploaded.append(path.name)
-            storage.write_text(
-                storage.join(prefix, layout.MANIFEST_NAME),
-                json.dumps(manifest, indent=2, sort_keys=True),
-                client=client,
-            )
-            uploaded.append(layout.MANIFEST_NAME)
-            log.info("staged file set %s at %s: %s", name, prefix, uploaded)
+        log.info("file set %s at %s: uploaded %s", name, prefix, uploaded)
     return {
         "uri": prefix,
         "name": name,
