@@ -2,8 +2,7 @@
 
 On a CPU node the Horovod background thread (which wakes every ``HOROVOD_CYCLE_TIME`` ms to
 negotiate ready tensors) shares the cores that run the ranks' compute.
-``horovod_airflow.trainer.train``
-therefore sets a 10 ms cycle on CPU unless ``HOROVOD_CYCLE_TIME`` is already set. This
+``horovod_airflow.trainer.runtime.setup_runtime`` therefore sets a 10 ms cycle on CPU unless ``HOROVOD_CYCLE_TIME`` is already set. This
 benchmark measures that choice: in one invocation it alternates trainer runs (``horovodrun
 -np N``, same data, same seed, trainer defaults otherwise) with ``HOROVOD_CYCLE_TIME`` set to
 each value under test, and reports rank 0's training samples/s (from the trainer's epoch
@@ -37,7 +36,7 @@ from bench.report import (
     run_horovod,
 )
 from horovod_airflow.core.contract import EVENT_EPOCH
-from horovod_airflow.trainer.train import CPU_CYCLE_TIME_MS
+from horovod_airflow.trainer.runtime import CPU_CYCLE_TIME_MS
 
 # Horovod 0.28's own default cycle (horovod/common/operations.cc: the parameter manager starts
 # at 1 ms when HOROVOD_CYCLE_TIME is unset); the trainer's CPU choice, read from the trainer.

@@ -48,12 +48,12 @@ def run_rank(args: argparse.Namespace) -> None:
 
     from bench.train_throughput import our_training_step
     from horovod_airflow.core.train_config import TrainConfig
-    from horovod_airflow.trainer import data, train
+    from horovod_airflow.trainer import data, runtime, train
 
     config = TrainConfig(
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0
     )
-    rt, device = train.setup_runtime(config)  # hvd.init(), the trainer's threads, auto's choice
+    rt, device = runtime.setup_runtime(config)  # hvd.init(), the trainer's threads, auto's choice
     dataset = train.fetch_staged_dataset(config, rt)
     x, y = data.load_split(dataset, "train")
     x, y = x.to(device), y.to(device)

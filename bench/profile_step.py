@@ -92,7 +92,7 @@ def training_flops(model: Any, input_shape: tuple[int, ...]) -> dict[str, float]
 
 def matmul_gflops(n: int, repeats: int, precision: str = "fp32") -> float:
     """GFLOP/s of an n×n matrix multiply in the step's precision (``fp32`` or ``bf16``) on this
-    rank's threads (the trainer's policy, set by ``horovod_airflow.trainer.train.setup_runtime``):
+    rank's threads (the trainer's policy, set by ``horovod_airflow.trainer.runtime.setup_runtime``):
     its practical
     peak. A bf16 step is held to a bf16 peak, so no layer can beat "the peak"."""
     import time
@@ -115,12 +115,12 @@ def run_rank(args: argparse.Namespace) -> None:
 
     from bench.train_throughput import our_training_step
     from horovod_airflow.core.train_config import TrainConfig
-    from horovod_airflow.trainer import data, train
+    from horovod_airflow.trainer import data, runtime, train
 
     config = TrainConfig(
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0
     )
-    rt, device = train.setup_runtime(config)  # hvd.init() and the trainer's thread policy
+    rt, device = runtime.setup_runtime(config)  # hvd.init() and the trainer's thread policy
     dataset = train.fetch_staged_dataset(config, rt)
     x, y = data.load_split(dataset, "train")
     x, y = x.to(device), y.to(device)

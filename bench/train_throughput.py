@@ -56,12 +56,14 @@ if TYPE_CHECKING:
     import torch
 
     from horovod_airflow.core.train_config import TrainConfig as TrainerConfig
-    from horovod_airflow.trainer.train import Runtime
+    from horovod_airflow.trainer.runtime import Runtime
 
 DEMO_BATCH = 64
 OUR_STEPS_PER_CALL = 10  # trainer steps per timed call of "our training step"
 DEFAULT_THREADS = "torch default threads"  # the demo's: one per core in every rank
-OUR_THREADS = "cores ÷ ranks"  # the trainer's policy (horovod_airflow.trainer.train.setup_runtime)
+OUR_THREADS = (
+    "cores ÷ ranks"  # the trainer's policy (horovod_airflow.trainer.runtime.setup_runtime)
+)
 
 
 # --- what runs in each Horovod rank -------------------------------------------------------
@@ -116,7 +118,7 @@ def run_rank(args: argparse.Namespace) -> None:
 
     from bench.demo_baseline import demo_net, demo_transform, quiet_dropout2d_warning
     from horovod_airflow.core.train_config import TrainConfig
-    from horovod_airflow.trainer import data, train
+    from horovod_airflow.trainer import data, runtime, train
     from horovod_airflow.trainer.model import build_model
 
     quiet_dropout2d_warning()
@@ -124,7 +126,7 @@ def run_rank(args: argparse.Namespace) -> None:
     config = TrainConfig(
         data=args.data, output=args.output, cache_dir=args.cache_dir, log_interval=0
     )
-    rt, device = train.setup_runtime(config)  # hvd.init() and the trainer's thread policy
+    rt, device = runtime.setup_runtime(config)  # hvd.init() and the trainer's thread policy
     our_threads = torch.get_num_threads()
     cuda = device.type == "cuda"
     dataset = train.fetch_staged_dataset(config, rt)

@@ -77,7 +77,7 @@ FILESET_FORMAT = "horovod-airflow/fileset-v2"  # a staged file set's manifest (c
 #: The staged manifests before the data checks (no per-file statistics); still read.
 LEGACY_DATASET_FORMAT = "horovod-airflow/dataset-v1"
 LEGACY_FILESET_FORMAT = "horovod-airflow/fileset-v1"
-CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer/train.py, torch)
+CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer/resume.py, torch)
 LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
 
 #: The ONNX metadata property holding the model's preprocessing, a JSON :data:`PREPROCESSING`.

@@ -137,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"python -m horovod_airflow.trainer train: error: {e}\n")
         from horovod_airflow.core.layout import DatasetError
         from horovod_airflow.core.storage import StorageError
-        from horovod_airflow.trainer.train import ResumeMismatchError, TrainingError, run
+        from horovod_airflow.trainer.errors import ResumeMismatchError, TrainingError
+        from horovod_airflow.trainer.train import run
 
         try:
             run(config)
@@ -155,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         from horovod_airflow.core.layout import DatasetError
         from horovod_airflow.core.storage import StorageError
+        from horovod_airflow.trainer.errors import TrainingError
         from horovod_airflow.trainer.export import ParityError, run_export
-        from horovod_airflow.trainer.train import TrainingError
 
         try:
             report = run_export(

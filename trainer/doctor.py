@@ -15,7 +15,7 @@ from typing import Any
 
 def diagnose(np_: int = 1, gpus_per_proc: int = 0) -> dict[str, Any]:
     """Facts about this machine plus ``problems`` (each names what is missing)."""
-    from horovod_airflow.trainer.train import cpu_has_bf16, cuda_has_bf16, resolve_precision
+    from horovod_airflow.trainer.runtime import cpu_has_bf16, cuda_has_bf16, resolve_precision
 
     problems: list[str] = []
     warnings: list[str] = []

@@ -36,7 +36,7 @@ from horovod_airflow.trainer.model import (
     build_model,
     preprocessing,
 )
-from horovod_airflow.trainer.train import load_checkpoint
+from horovod_airflow.trainer.resume import load_checkpoint
 
 TOLERANCE = 1e-4
 

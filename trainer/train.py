@@ -13,14 +13,11 @@ and writes artifacts; every metric is allreduced before anyone reads it.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import os
 import platform
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from horovod_airflow.core import storage
@@ -35,157 +32,22 @@ from horovod_airflow.core.contract import (
     event_line,
 )
 from horovod_airflow.core.layout import DatasetError, DatasetIntegrityError
-from horovod_airflow.core.train_config import ConfigError, TrainConfig, lr_at
+from horovod_airflow.core.train_config import TrainConfig, lr_at
 from horovod_airflow.trainer import data
+from horovod_airflow.trainer.errors import RankDivergenceError, ResumeMismatchError, TrainingError
 from horovod_airflow.trainer.model import build_model
+from horovod_airflow.trainer.resume import (
+    read_resume_state,
+    restore_rng_state,
+    rng_state,
+    run_identity,
+    save_checkpoint,
+)
+from horovod_airflow.trainer.runtime import Runtime, log, setup_runtime
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (inconsistent ranks, incompatible checkpoint, too little data)."""
-
-
-class ResumeMismatchError(TrainingError):
-    """``--resume`` found a checkpoint made with other data, world size or settings."""
-
-
-class RankDivergenceError(TrainingError):
-    """Ranks hold different parameters: the distributed update is broken."""
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """What this rank resolved from the hardware it found (saved next to the config)."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    device: str  # "cpu" or "cuda:<i>"
-    threads: int  # torch intra-op threads of this rank
-    precision: str  # resolved: fp32 | bf16
-    channels_last: bool  # resolved: inputs and activations NHWC (parameters stay contiguous)
-    precision_reason: str = ""  # why: the flag given, or what ``auto`` found
-
-    @property
-    def is_primary(self) -> bool:
-        return self.rank == 0
-
-
-def log(rt: Runtime, message: str) -> None:
-    if rt.is_primary:
-        print(f"[trainer] {message}", file=sys.stderr, flush=True)
-
-
-def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
-    """True when the CPU has native bf16 matmul (AVX512-BF16 or AMX); else autocast is emulated.
-
-    ``cpuinfo`` is the text of ``/proc/cpuinfo`` (read when None), so tests can give either
-    answer on any machine.
-    """
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return False
-    flags = set(cpuinfo.split())
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def cuda_has_bf16() -> bool:
-    """True when the current CUDA device computes bf16 natively (compute capability >= 8.0).
-
-    torch's ``is_bf16_supported()`` also counts emulation by default: ask without it.
-    """
-    import torch
-
-    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-
-
-@dataclass(frozen=True)
-class PrecisionChoice:
-    """What ``--precision`` and ``--channels-last`` resolve to on a device, and why."""
-
-    precision: str  # fp32 | bf16
-    channels_last: bool
-    reason: str
-
-
-def resolve_precision(
-    precision: str, channels_last: str, device_type: str, native_bf16: bool
-) -> PrecisionChoice:
-    """Turn ``auto`` into a choice for this hardware; an explicit flag always wins.
-
-    ``auto`` picks bf16 autocast (float32 master weights, float32 evaluation) only where bf16
-    is native: CUDA devices of compute capability >= 8.0, CPUs with AVX512-BF16 or AMX
-    (``native_bf16``). Emulated bf16 is several times slower than fp32. Channels-last (NHWC
-    activations) goes with bf16 on CUDA, where the tensor-core kernels want it; on CPUs it
-    is off (``bench/results/precision.md`` has the measurement, per CPU, that set this).
-    """
-    if precision != "auto":
-        why = f"--precision {precision}"
-    elif native_bf16:
-        precision = "bf16"
-        why = f"--precision auto: bf16, {device_type} has native bf16"
-    else:
-        precision = "fp32"
-        why = f"--precision auto: fp32, {device_type} has no native bf16 (it would be emulated)"
-    if channels_last != "auto":
-        nhwc = channels_last == "on"
-        why += f"; --channels-last {channels_last}"
-    else:
-        nhwc = device_type == "cuda" and precision == "bf16"
-        why += f"; --channels-last auto: {'on' if nhwc else 'off'} for {precision} on {device_type}"
-    return PrecisionChoice(precision, nhwc, why)
-
-
-# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to
-# negotiate ready tensors. On CPU ranks it takes its cycles from the cores doing the compute,
-# and a CPU step lasts far longer than 10 ms, so a later negotiation costs little: 10 ms was
-# the fastest setting measured (bench/horovod_cycle.py; figures in
-# bench/results/horovod_cycle*.md). GPU ranks keep Horovod's default (their steps: ms).
-CPU_CYCLE_TIME_MS = "10"
-
-
-def setup_runtime(config: TrainConfig) -> tuple[Runtime, torch.device]:
-    import horovod.torch as hvd
-    import torch
-
-    cuda = torch.cuda.is_available()
-    if not cuda:  # an explicit HOROVOD_CYCLE_TIME (horovodrun --cycle-time-ms) wins
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", CPU_CYCLE_TIME_MS)
-    hvd.init()  # Horovod: join the other ranks (reads HOROVOD_CYCLE_TIME)
-    if cuda:
-        torch.cuda.set_device(hvd.local_rank())  # Horovod: pin one GPU per local rank
-        device = torch.device("cuda", hvd.local_rank())
-        threads = torch.get_num_threads()
-    else:
-        device = torch.device("cpu")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = max(1, (cores or 1) // hvd.local_size())  # Horovod: share the node's cores
-        torch.set_num_threads(threads)
-    choice = resolve_precision(
-        config.precision,
-        config.channels_last,
-        device.type,
-        cuda_has_bf16() if cuda else cpu_has_bf16(),
-    )
-    rt = Runtime(
-        rank=hvd.rank(),
-        size=hvd.size(),
-        local_rank=hvd.local_rank(),
-        local_size=hvd.local_size(),
-        device=str(device),
-        threads=threads,
-        precision=choice.precision,
-        channels_last=choice.channels_last,
-        precision_reason=choice.reason,
-    )
-    return rt, device
 
 
 def fetch_staged_dataset(config: TrainConfig, rt: Runtime) -> data.LocalDataset:
@@ -442,141 +304,6 @@ def evaluate_distributed(
         "val_correct": int(correct),
         "val_samples": n,
     }
-
-
-def load_checkpoint(uri: str) -> dict[str, Any]:
-    import torch
-
-    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise TrainingError(f"{uri} is not a {CHECKPOINT_FORMAT} checkpoint")
-    return state
-
-
-def save_checkpoint(uri: str, state: dict[str, Any]) -> None:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    storage.write_bytes(uri, buf.getvalue())
-
-
-NOT_RECORDED = "<not recorded>"
-
-
-def run_identity(
-    config: TrainConfig, rt: Runtime, content_hash: str, steps_per_epoch: int
-) -> dict[str, Any]:
-    """What a checkpoint must share with this run for a resume to continue the same run.
-
-    The dataset by content (not URI), the world size, the device type and resolved precision
-    (``auto`` may resolve otherwise elsewhere), the steps per epoch, and every setting that
-    changes the result (``TrainConfig.result_fields``).
-    """
-    return {
-        "dataset_content_hash": content_hash,
-        "world_size": rt.size,
-        "device_type": rt.device.split(":")[0],
-        "resolved_precision": rt.precision,
-        "resolved_channels_last": rt.channels_last,
-        "steps_per_epoch": steps_per_epoch,
-        **config.result_fields(),
-    }
-
-
-def same_lr_so_far(
-    saved_epochs: Any, config: TrainConfig, world_factor: int, steps: int, done_epochs: int
-) -> bool:
-    """True when a run of ``saved_epochs`` set the same lr as this one for every step taken.
-
-    Then a checkpoint of the shorter (or longer) run is this run's too: with a constant
-    schedule and no warmup running past the checkpoint, ``--epochs`` may grow on resume.
-    """
-    if not isinstance(saved_epochs, int) or saved_epochs < done_epochs:
-        return False
-    try:
-        saved = TrainConfig.from_dict({**config.to_dict(), "epochs": saved_epochs})
-    except ConfigError:
-        return False
-    return all(
-        lr_at(saved, world_factor, step, steps) == lr_at(config, world_factor, step, steps)
-        for step in range(done_epochs * steps)
-    )
-
-
-def resume_mismatches(
-    saved: dict[str, Any],
-    now: dict[str, Any],
-    config: TrainConfig,
-    world_factor: int,
-    done_epochs: int,
-) -> list[str]:
-    """One line per field where the checkpoint's ``saved`` identity differs from ``now``."""
-    lines = []
-    for key in now:
-        old, new = saved.get(key, NOT_RECORDED), now[key]
-        if old == new:
-            continue
-        if key == "epochs" and same_lr_so_far(
-            old, config, world_factor, now["steps_per_epoch"], done_epochs
-        ):
-            continue  # the lr of every step taken is the same: epochs may change
-        lines.append(f"{key}: checkpoint {old!r}, now {new!r}")
-    return lines
-
-
-def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    """This rank's random state: torch CPU (dropout on CPU) and the device's CUDA generator.
-
-    Data order needs none: ``epoch_indices`` seeds its own generator per epoch. The trainer
-    uses neither Python's ``random`` nor numpy's.
-    """
-    import torch
-
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def read_resume_state(
-    ckpt_uri: str, identity: dict[str, Any], config: TrainConfig, world_factor: int
-) -> tuple[str, Any]:
-    """Rank 0's verdict on ``--resume``: ("resume", checkpoint), ("fresh", why), ("error", why).
-
-    Never raises: every rank must learn the outcome (``hvd.broadcast_object``) and stop, or
-    go on, together.
-    """
-    try:
-        if not storage.exists(ckpt_uri):
-            return "fresh", f"--resume: no {ckpt_uri} yet, starting from scratch"
-        state = load_checkpoint(ckpt_uri)
-    except Exception as e:
-        return "error", f"--resume: cannot read {ckpt_uri}: {type(e).__name__}: {e}"
-    done = int(state.get("epoch", 0))
-    saved = state.get("identity") or {}
-    differences = resume_mismatches(saved, identity, config, world_factor, done)
-    if not isinstance(state.get("rng_states"), list):  # it cannot continue the same streams
-        differences.append(f"rng_states: checkpoint {NOT_RECORDED}")
-    if not differences and done > config.epochs:
-        differences = [f"epoch: checkpoint is after epoch {done}, the run has {config.epochs}"]
-    if not differences:
-        return "resume", state
-    text = f"{ckpt_uri} was not made by this run: " + "; ".join(differences)
-    if config.resume_mismatch == "fresh":
-        return "fresh", f"{text}; --resume-mismatch fresh: training from scratch"
-    return "error", (
-        f"{text}. Pass --resume-mismatch fresh to train from scratch over it, or write to "
-        "another --output (a new run)"
-    )
 
 
 def versions() -> dict[str, str]:

@@ -209,7 +209,7 @@ def test_train_throughput_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_precision_quick(tmp_path: Path) -> None:
-    from horovod_airflow.trainer.train import cpu_has_bf16
+    from horovod_airflow.trainer.runtime import cpu_has_bf16
 
     precision.main(["--quick", "--results-dir", str(tmp_path)])
     markdown, data = _results(tmp_path, "precision_quick")

@@ -102,7 +102,7 @@ def test_parity_feeds_onnx_what_serving_feeds_it(tiny_run: Run, tmp_path: Path) 
     from horovod_airflow.trainer import data
     from horovod_airflow.trainer.export import export_onnx, parity
     from horovod_airflow.trainer.model import build_model
-    from horovod_airflow.trainer.train import load_checkpoint
+    from horovod_airflow.trainer.resume import load_checkpoint
 
     state = load_checkpoint(str(tiny_run.output / "checkpoint.pt"))
     model = build_model(state["config"]["model"])

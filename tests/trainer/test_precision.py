@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from horovod_airflow.trainer.train import PrecisionChoice, cpu_has_bf16, resolve_precision
+from horovod_airflow.trainer.runtime import PrecisionChoice, cpu_has_bf16, resolve_precision
 from tests.trainer.conftest import TINY, describe, events, run_horovod
 
 # /proc/cpuinfo flag lines of the CPUs this project's machines have had.
@@ -69,7 +69,7 @@ def test_cuda_bf16_check_excludes_emulation(monkeypatch: pytest.MonkeyPatch) -> 
     """torch's is_bf16_supported() counts emulation unless told not to (no GPU needed)."""
     import torch
 
-    from horovod_airflow.trainer import train
+    from horovod_airflow.trainer import runtime
 
     seen: list[dict[str, object]] = []
 
@@ -78,7 +78,7 @@ def test_cuda_bf16_check_excludes_emulation(monkeypatch: pytest.MonkeyPatch) -> 
         return not kwargs.get("including_emulation", True)
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
-    assert train.cuda_has_bf16() is True
+    assert runtime.cuda_has_bf16() is True
     assert seen == [{"including_emulation": False}]
 
 
@@ -123,7 +123,7 @@ def test_forced_path_trains_resumes_and_exports(
     precision: str, channels_last: str, model: str, staged_subset: Path, tmp_path: Path
 ) -> None:
     from horovod_airflow.trainer.export import run_export
-    from horovod_airflow.trainer.train import load_checkpoint
+    from horovod_airflow.trainer.resume import load_checkpoint
 
     flags = ["--precision", precision, "--channels-last", channels_last, "--model", model]
     # Constant lr, no warmup: 1 epoch + a resumed 2nd epoch follows the 2-epoch schedule.

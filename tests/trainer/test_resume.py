@@ -12,7 +12,8 @@ import pytest
 
 from horovod_airflow.core.contract import EXIT_REFUSED
 from horovod_airflow.core.train_config import TrainConfig
-from horovod_airflow.trainer.train import Runtime, load_checkpoint, resume_mismatches, run_identity
+from horovod_airflow.trainer.resume import load_checkpoint, resume_mismatches, run_identity
+from horovod_airflow.trainer.runtime import Runtime
 from tests.trainer.conftest import describe, horovodrun_command, run_horovod, trainer_env
 
 # The trainer's defaults (cosine schedule with warmup, Adam, batch 64) on 1000 samples per rank,

@@ -35,7 +35,8 @@ def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
 
     from horovod_airflow.trainer import data
     from horovod_airflow.trainer.model import build_model
-    from horovod_airflow.trainer.train import evaluate, load_checkpoint
+    from horovod_airflow.trainer.resume import load_checkpoint
+    from horovod_airflow.trainer.train import evaluate
 
     metrics = tiny_run.metrics
     assert metrics["world_size"] == 2
@@ -178,7 +179,7 @@ def test_resume_after_kill_completes_with_full_history(staged_subset: Path, tmp_
         proc.wait(timeout=60)
     assert not (out / "metrics.json").exists()
 
-    from horovod_airflow.trainer.train import load_checkpoint
+    from horovod_airflow.trainer.resume import load_checkpoint
 
     interrupted = load_checkpoint(str(checkpoint))
     assert interrupted["epoch"] == 1 and len(interrupted["history"]) == 1
