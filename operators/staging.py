@@ -84,13 +84,20 @@ def _check_and_upload(
     checks: DataChecks | None,
     parse: Callable[[bytes], dict[str, Any]],
     client: Any,
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[dict[str, Any] | None, list[str]]:
     """Run the data checks (a refusal raises before anything is written), then upload the
     files and, last, the manifest — unless ``prefix`` already holds them all (content-addressed:
-    nothing is uploaded twice). Return the checks' report and what was uploaded (empty: all
-    there already)."""
+    nothing is uploaded twice). Return the checks' report (None: no checks declared) and what
+    was uploaded (empty: all there already)."""
     storage.ensure_bucket(bucket_uri, client=client)
-    report = _check(manifest, by_name, bucket_uri, prefix, checks, parse, client)
+    report = None
+    if checks is None:
+        log.info("data checks: none declared for %s", manifest["name"])
+    else:  # against the previous staged dataset of the name
+        previous = previous_staged(
+            bucket_uri, manifest["name"], exclude=prefix, parse=parse, client=client
+        )
+        report = run_checks(manifest, previous, checks, by_name, staged_uri=prefix)
     if _already_staged(prefix, manifest, client, parse):
         return report, []
     uploaded = []
@@ -134,25 +141,6 @@ def _already_staged(
         for uri in storage.list_uris(prefix):
             sizes[Path(uri).name] = Path(uri).stat().st_size
     return all(sizes.get(e["name"]) == e["size"] for e in manifest["files"])
-
-
-def _check(
-    manifest: dict[str, Any],
-    files: dict[str, Path],
-    bucket_uri: str,
-    prefix: str,
-    checks: DataChecks | None,
-    parse: Callable[[bytes], dict[str, Any]],
-    client: Any,
-) -> dict[str, Any] | None:
-    """Run ``checks`` against the previous staged dataset of the name (None: no checks)."""
-    if checks is None:
-        log.info("data checks: none declared for %s", manifest["name"])
-        return None
-    previous = previous_staged(
-        bucket_uri, manifest["name"], exclude=prefix, parse=parse, client=client
-    )
-    return run_checks(manifest, previous, checks, files, staged_uri=prefix)
 
 
 def stage_dataset(
