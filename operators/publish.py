@@ -23,6 +23,7 @@ from horovod_airflow.operators.job import (
     check_uri,
     is_templated,
 )
+from horovod_airflow.operators.links import RegistryLink
 from horovod_airflow.operators.model_registry import asset_event_extra, publish_model, run_version
 from horovod_airflow.operators.retry import with_retry_policy
 
@@ -78,6 +79,7 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
         "decision": "json",
     }
     ui_color = "#dff3e3"
+    operator_extra_links = (RegistryLink(),)
 
     def __init__(
         self,

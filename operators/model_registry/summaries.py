@@ -24,6 +24,17 @@ def step_series(metrics: Mapping[str, Any], source: str = METRICS_NAME) -> dict[
     return doc
 
 
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The trailing mean of the last ``window`` values at each point (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def accuracy_limits(values: list[float]) -> tuple[float, float]:
     """The accuracy axis (percent): around the values, never above 100 nor below 0, at least
     2 points tall so that one epoch's single value sits in a readable band."""
@@ -31,7 +42,7 @@ def accuracy_limits(values: list[float]) -> tuple[float, float]:
     pad = max(1.0, (high - low) * 0.1)
     top = min(100.0, high + pad)
     bottom = max(0.0, min(low - pad, top - 2.0))
-    return bottom, top
+    return bottom, min(100.0, max(top, bottom + 2.0))
 
 
 def render_training_curves(
@@ -56,11 +67,17 @@ def render_training_curves(
             step_epoch,
             steps["loss"] if steps else [],
             "-",
-            lw=1,
-            alpha=0.8,
+            lw=0.8,
+            alpha=0.35,
             color="tab:blue",
-            label=f"train loss (rank 0, every {every} step{'s' if every != 1 else ''})",
+            label="train loss (rank 0, "
+            + ("every step)" if every == 1 else f"every {every} steps)"),
         )
+        window = max(1, len(step_epoch) // 25)
+        if window > 1:
+            smooth = moving_average(list(steps["loss"] if steps else []), window)
+            ax_loss.plot(step_epoch, smooth, "-", lw=1.8, color="tab:blue",
+                         label=f"train loss, mean of {window} points")  # fmt: skip
         ax_lr.plot(step_epoch, steps["lr"] if steps else [], "-", color="tab:purple")
     else:
         ax_lr.text(0.5, 0.5, "no per-step record", ha="center", va="center",
@@ -81,6 +98,10 @@ def render_training_curves(
                             ha="center", fontsize=8)  # fmt: skip
         ax_acc.set_ylim(*accuracy_limits(accuracy))
     right = max([*epochs, *step_epoch, 1])
+    losses = [*(steps["loss"] if step_epoch and steps else [])]
+    losses += [h[k] for h in history for k in ("train_loss", "val_loss")]
+    if losses and min(losses) > 0:
+        ax_loss.set_yscale("log")  # the first steps' loss would flatten the rest
     ax_loss.set_title("Loss")
     ax_loss.set_ylabel("cross-entropy")
     ax_loss.legend(fontsize=8)
@@ -90,7 +111,7 @@ def render_training_curves(
     ax_acc.set_ylabel("accuracy (%)")
     for ax in (ax_loss, ax_lr, ax_acc):
         ax.set_xlabel("epoch")
-        ax.set_xlim(0 if step_epoch else 0.5, right + (0.05 if step_epoch else 0.5))
+        ax.set_xlim(0 if step_epoch else 0.5, right + (0.1 if step_epoch else 0.5))
         ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
