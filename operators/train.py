@@ -310,3 +310,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         result.update(output=self.output_uri, metrics_uri=metrics_uri, checkpoint_uri=checkpoint)
         self.log.info("metrics: %s", result)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (the provider's hook): the staged dataset in, the run folder out."""
+        from horovod_airflow.operators.lineage import operator_lineage
+
+        return operator_lineage([str(self.data)], [str(self.output_uri)])

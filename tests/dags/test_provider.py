@@ -6,6 +6,7 @@ the registry page, and the train task's progress in Airflow's own task state sto
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 import horovod_airflow
 from horovod_airflow.operators.links import REGISTRY_PAGE_PATH
 from horovod_airflow.operators.progress import PROGRESS_STATE_KEY
-from tests.dags.test_retrain_dag import SMALL_RUN, _deploy, _states
+from tests.dags.test_retrain_dag import SMALL_RUN, _cli_run_states, _deploy, _states
 
 
 def test_airflow_providers_list_shows_the_provider_with_its_version(airflow_db):
@@ -65,3 +66,50 @@ def test_a_dag_run_leaves_extra_links_and_progress_in_the_task_state(s3_server, 
     assert progress["step"] == progress["of_steps"] > 0
     assert progress["epoch"] == progress["of_epochs"] == SMALL_RUN["epochs"]
     assert progress["eta_seconds"] == 0 and progress["samples_per_sec"] > 0
+
+
+@pytest.mark.slow
+def test_train_and_publish_emit_dataset_and_model_lineage_through_openlineage(
+    s3_server, airflow_db, tmp_path
+):
+    """The OpenLineage provider's real listener, enabled with its file transport in a fresh
+    ``airflow dags test`` process, records what train and publish read and wrote."""
+    pytest.importorskip("airflow.providers.openlineage", reason="the [openlineage] extra")
+    bucket = s3_server.new_bucket("lineage")
+    _deploy(bucket)
+    events_file = tmp_path / "openlineage.jsonl"
+    transport = {"type": "file", "log_file_path": str(events_file), "append": True}
+    conf = json.dumps({**SMALL_RUN, "min_accuracy": 0.5, "max_train_samples": 2000})
+    env = {
+        **os.environ,
+        "HVA_BUCKET": bucket,
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+    }
+    airflow = str(Path(sys.executable).parent / "airflow")
+    cli = subprocess.run([airflow, "dags", "test", "mnist_horovod_retrain", "--conf", conf],
+                         capture_output=True, text=True, env=env, timeout=1200)  # fmt: skip
+    assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
+    assert _cli_run_states("mnist_horovod_retrain", conf)["publish"] == "success"
+
+    complete: dict[str, dict] = {}
+    for line in events_file.read_text().splitlines():
+        event = json.loads(line)
+        task = event["job"]["name"].rpartition(".")[2]
+        if event.get("eventType") == "COMPLETE" and task in ("train", "publish"):
+            complete[task] = event
+    namespace = f"s3://{bucket}"
+
+    def names(event: dict, side: str) -> set[tuple[str, str]]:
+        return {(d["namespace"], d["name"]) for d in event[side]}
+
+    train_in, train_out = names(complete["train"], "inputs"), names(complete["train"], "outputs")
+    ((ns, data),) = train_in
+    assert ns == namespace and data.startswith("datasets/mnist/")
+    ((ns, run_folder),) = train_out
+    assert ns == namespace and run_folder.startswith("runs/mnist_horovod_retrain/")
+    latest = json.loads(s3_server.client().get_object(
+        Bucket=bucket, Key="models/mnist_cnn/latest.json")["Body"].read())  # fmt: skip
+    assert names(complete["publish"], "inputs") == {(namespace, run_folder), (namespace, data)}
+    assert names(complete["publish"], "outputs") == {
+        (namespace, latest["uri"][len(namespace) + 1 :])
+    }
