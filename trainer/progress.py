@@ -4,7 +4,9 @@ of loss and learning rate that ``metrics.json`` keeps under ``steps`` (the train
 
 Only rank 0 reports; the loss is rank 0's own batch loss (averaged over the steps since the
 last record), read without a collective, so reporting never changes what the ranks compute
-or adds a synchronisation between them.
+or adds a synchronisation between them. The recorded losses stay on the device until an event
+is printed or the record is written: one device sync per event (at most one a second), not one
+per step.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Progress:
         self._event_loss: Any = 0.0
         self._event_n = 0
         self.series: dict[str, list[Any]] = {"step": [], "epoch": [], "loss": [], "lr": []}
+        self._pending: list[tuple[Any, int]] = []  # (loss sum, steps) not yet read
 
     def step(
         self, epoch: int, step: int, loss: Any, lr: float, samples: int, *, last: bool = False
@@ -83,15 +86,31 @@ class Progress:
         if done % self.every == 0 or done == self.of_steps:
             self.series["step"].append(done)
             self.series["epoch"].append(round(done / self.steps_per_epoch, 6))
-            self.series["loss"].append(float(self._window) / self._window_n)
+            self._pending.append((self._window, self._window_n))
             self.series["lr"].append(float(lr))
             self._window, self._window_n = 0.0, 0
         due = self._last_print is None or now - self._last_print >= self.interval_s
         if due or last:
             self._print(now, done, epoch, lr)
 
+    def _flush(self) -> None:
+        """Read the pending recorded losses off the device, in one transfer."""
+        if not self._pending:
+            return
+        sums = [s for s, _n in self._pending]
+        if all(hasattr(s, "detach") for s in sums):
+            import torch
+
+            values = torch.stack([s.double() for s in sums]).tolist()
+        else:
+            values = [float(s) for s in sums]
+        counts = [n for _s, n in self._pending]
+        self.series["loss"].extend(v / n for v, n in zip(values, counts, strict=True))
+        self._pending = []
+
     def _print(self, now: float, done: int, epoch: int, lr: float) -> None:
         assert self._started is not None
+        self._flush()
         elapsed = now - self._started
         this_try = done - self._first_step
         # The first step's time is not known (the clock starts after it): rates count the
@@ -115,6 +134,7 @@ class Progress:
 
     def record(self) -> dict[str, Any]:
         """The ``steps`` entry of metrics.json (:data:`STEP_SERIES`)."""
+        self._flush()
         doc: dict[str, Any] = {"every": self.every, **self.series}
         if self.start_epoch:
             doc["from_epoch"] = self.start_epoch
