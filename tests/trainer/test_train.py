@@ -117,6 +117,13 @@ def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Pa
         "val_samples": VAL_SAMPLES,
     }
 
+    # v2: every one of the 4 steps recorded (a short run keeps them all); progress after the
+    # first step and at the epoch's end, from rank 0 alone
+    assert metrics["steps"]["every"] == 1 and metrics["steps"]["step"] == [1, 2, 3, 4]
+    assert len(metrics["steps"]["loss"]) == 4 and all(v > 0 for v in metrics["steps"]["loss"])
+    progress = events(tiny_run.proc.stdout, "progress")
+    assert [e["step"] for e in progress] == [1, 4] and progress[-1]["of_steps"] == 4
+
 
 def test_dataset_is_verified_into_the_node_cache_once(tiny_run: Run, staged_subset: Path) -> None:
     manifest = json.loads((staged_subset / "manifest.json").read_text())
