@@ -17,9 +17,11 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
 
-#: The registry page's path in the Airflow UI (the registry plugin's ``external_views``): the
-#: one place it is spelled on this side.
-REGISTRY_PAGE_PATH = "/plugins/registry"
+#: The registry page's path in the Airflow UI: Airflow 3 shows a plugin's ``external_views``
+#: entry at ``/plugin/<url_route>``, and the registry plugin (branch registry-ui,
+#: ``operators/registry_plugin.py``) names its page ``model-registry``. The one place the
+#: path is spelled on this side.
+REGISTRY_PAGE_PATH = "/plugin/model-registry"
 
 
 def airflow_url(path: str) -> str:
@@ -61,11 +63,9 @@ class RunFolderLink(BaseOperatorLink):
 
 
 class RegistryLink(BaseOperatorLink):
-    """``Model registry`` on a publish task: the registry page, on this model."""
+    """``Model registry`` on a publish task: the registry page of the Airflow UI."""
 
     name = "Model registry"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        model = str(getattr(operator, "model_name", "") or "")
-        query = f"?{urllib.parse.urlencode({'model': model})}" if model else ""
-        return airflow_url(REGISTRY_PAGE_PATH + query)
+        return airflow_url(REGISTRY_PAGE_PATH)

@@ -52,7 +52,7 @@ def test_a_dag_run_leaves_extra_links_and_progress_in_the_task_state(s3_server, 
 
     publish = tis["publish"]
     registry_link = publish.xcom_pull(task_ids="publish", key="_link_RegistryLink")
-    assert registry_link == f"{REGISTRY_PAGE_PATH}?model=mnist_cnn"
+    assert registry_link == REGISTRY_PAGE_PATH == "/plugin/model-registry"
 
     with create_session() as session:
         row = (
