@@ -12,7 +12,7 @@ type.
 ========================  ===================================  =================================
 file                      format (``Schema``)                  written by → read by
 ========================  ===================================  =================================
-``metrics.json``          ``horovod-airflow/metrics-v1``       training program → train operator,
+``metrics.json``          ``horovod-airflow/metrics-v2``       training program → train operator,
                           (:data:`METRICS`)                    gate, publish, benchmarks
 ``parity.json``           ``horovod-airflow/parity-v1``        exporter → export operator, publish
                           (:data:`PARITY`)
@@ -78,6 +78,9 @@ FILESET_FORMAT = "horovod-airflow/fileset-v2"  # a staged file set's manifest (c
 LEGACY_DATASET_FORMAT = "horovod-airflow/dataset-v1"
 LEGACY_FILESET_FORMAT = "horovod-airflow/fileset-v1"
 CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer/resume.py, torch)
+#: ``--debug-sample-ids DIR``: the file each elastic rank appends its trained sample ids to
+#: (one JSON line per optimizer step), named by host and process id.
+SAMPLE_IDS_NAME = "sample-ids-{host}-{pid}.jsonl"
 LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
 
 #: The ONNX metadata property holding the model's preprocessing, a JSON :data:`PREPROCESSING`.
@@ -237,9 +240,14 @@ class Schema:
         return document
 
 
+#: metrics.json before elastic training (no ``elastic`` key); still read.
+LEGACY_METRICS_FORMAT = "horovod-airflow/metrics-v1"
+
 METRICS = Schema(
     METRICS_NAME,
-    "horovod-airflow/metrics-v1",
+    # v2: ``elastic`` (an elastic run's world-size history and the steps redone after a
+    # reset, ``horovod_airflow.trainer.elastic``); v1 documents are still read.
+    "horovod-airflow/metrics-v2",
     # The training-program contract asks only for the gate metric (its key is the
     # operator's ``metric_key``); the train operator checks that one.
     required={},
@@ -258,7 +266,9 @@ METRICS = Schema(
         "param_hash": str,
         "train_seconds": NUMBER,
         "artifacts": dict,
+        "elastic": dict,
     },
+    legacy={LEGACY_METRICS_FORMAT: ()},
 )
 
 PARITY = Schema(

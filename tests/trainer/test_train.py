@@ -81,7 +81,7 @@ def test_ranks_hold_identical_parameters_after_broadcast_and_first_step(tiny_run
 
 def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Path) -> None:
     metrics = tiny_run.metrics
-    assert METRICS.check(metrics, "metrics.json")["format"] == "horovod-airflow/metrics-v1"
+    assert METRICS.check(metrics, "metrics.json")["format"] == "horovod-airflow/metrics-v2"
     for key in (
         "val_accuracy", "val_loss", "val_correct", "val_samples", "epochs", "world_size",
         "history", "config", "dataset", "versions", "param_hash", "train_seconds", "artifacts",
