@@ -196,6 +196,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
         state.redone_steps += live["steps"]
         state.redone_samples += live["samples"]
         live.update(steps=0, samples=0, loss=0.0, count=0)
+        state.save()  # the sync that follows broadcasts the saved state, not the attributes
 
     state.register_reset_callbacks([on_reset])
     sample_log = None

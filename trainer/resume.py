@@ -93,8 +93,10 @@ def resume_mismatches(
         old, new = saved.get(key, NOT_RECORDED), now[key]
         if old == new:
             continue
-        if key == "epochs" and "steps_per_epoch" in now and same_lr_so_far(
-            old, config, world_factor, now["steps_per_epoch"], done_epochs
+        if (
+            key == "epochs"
+            and "steps_per_epoch" in now
+            and same_lr_so_far(old, config, world_factor, now["steps_per_epoch"], done_epochs)
         ):
             continue  # the lr of every step taken is the same: epochs may change
         lines.append(f"{key}: checkpoint {old!r}, now {new!r}")
