@@ -269,7 +269,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
                     live["loss"] += float(loss.detach())
                     live["count"] += hi - lo
                 else:  # nothing left for this rank in the epoch's last step: a zero gradient
-                    (sum(p.sum() for p in model.parameters()) * 0.0).backward()
+                    torch.stack([p.sum() for p in model.parameters()]).sum().mul(0.0).backward()
                 optimizer.step()  # Horovod: a lost rank raises here (HorovodInternalError)
                 state.consumed += take
                 live["steps"] += 1

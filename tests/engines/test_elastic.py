@@ -67,7 +67,11 @@ def elastic_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ElasticH
             if line
         )
         addresses = dict(
-            zip(HOSTS, [a.split(":")[0] for a in settings["HVA_NETNS_HOSTS_ARG"].split(",")])
+            zip(
+                HOSTS,
+                [a.split(":")[0] for a in settings["HVA_NETNS_HOSTS_ARG"].split(",")],
+                strict=True,
+            )
         )
         yield ElasticHosts(
             addresses,
