@@ -276,9 +276,9 @@ class TrainConfig:
     elastic: bool = field(
         default=False,
         metadata=option(
-            "elastic Horovod (horovodrun --min-np/--max-np --host-discovery-script): ranks of "
-            "a lost host leave and new hosts join without failing the run; every epoch trains "
-            "on each training sample once at whatever world size it has",
+            "elastic Horovod: ranks of a lost host leave and new hosts join without failing "
+            "the run (launch with horovodrun's elastic options); every epoch trains on each "
+            "training sample once at whatever world size it has",
             HVD,
         ),
     )
@@ -286,7 +286,7 @@ class TrainConfig:
         default=20,
         metadata=option(
             "with --elastic: commit the training state every N optimizer steps (and at each "
-            "epoch end); a reset redoes at most the N-1 steps since the last commit",
+            "epoch end); a reset redoes the fewer than N steps since the last commit",
             HVD,
             title="Elastic commit every N steps",
             minimum=1,
