@@ -244,3 +244,54 @@ def test_below_min_np_the_run_fails_naming_the_lost_host(
     assert rc != 0, out[-4000:]
     assert elastic_hosts.addresses["e3"] in out, out[-4000:]
     assert not (run.out / "metrics.json").exists()
+
+
+def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
+    elastic_hosts: ElasticHosts, tmp_path: Path
+) -> None:
+    from horovod_airflow.operators import HorovodTrainOperator
+    from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
+    from tests.engines.test_multihost import Running
+
+    ids = tmp_path / "ids"
+    op = HorovodTrainOperator(
+        task_id="train_elastic",
+        launcher="local",
+        aws_conn_id=None,
+        preflight=False,
+        num_proc=3,
+        data=str(elastic_hosts.dataset),
+        output=str(tmp_path / "out"),
+        env={"HVA_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"},
+        trainer_args={
+            "epochs": 2,
+            "batch_size": 8,
+            "log_interval": 0,
+            "elastic_commit_every": COMMIT_EVERY,
+            "debug_sample_ids": str(ids),
+        },
+        local=LocalOptions(
+            hosts=[f"{elastic_hosts.addresses[h]}:1" for h in HOSTS],
+            ssh_port=int(elastic_hosts.port),
+            ssh_identity_file=elastic_hosts.key,
+            network_interface=elastic_hosts.interface,
+        ),
+        elastic=ElasticOptions(min_np=2, max_np=3, timeout_s=60),
+    )
+    running = Running(op)
+    deadline = time.monotonic() + 180
+    victim = None
+    while victim is None and time.monotonic() < deadline and running.thread.is_alive():
+        for f in ids.glob("sample-ids-e3-*.jsonl") if ids.is_dir() else []:
+            if len(f.read_text().splitlines()) >= 20:
+                victim = int(f.stem.split("-")[3])
+        time.sleep(0.05)
+    assert victim is not None, running.error
+    os.kill(victim, signal.SIGKILL)
+    running.join(300)
+    assert running.error is None, running.error
+    assert running.result is not None and running.result["world_size"] == 2
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["elastic"]["world_sizes"] == [3, 2]
+    assert metrics["elastic"]["world_history"][-1]["left"] == ["e3"]
+    assert metrics["val_accuracy"] >= ACCURACY_FLOOR
