@@ -85,3 +85,14 @@ def test_a_completed_elastic_training_is_this_tasks_at_any_world_size() -> None:
     assert task._differences({"world_size": 2}, 3) == []
     plain = HorovodTrainOperator(task_id="t", data="s3://b/d", output="s3://b/o", num_proc=3)
     assert plain._differences({"world_size": 2}, 3) != []
+
+
+def test_commit_every_is_one_declaration_for_cli_validation_and_the_form() -> None:
+    from horovod_airflow.core.train_config import ConfigError, TrainConfig, param_schema
+
+    schema = param_schema("elastic_commit_every", nullable=True)
+    assert schema["minimum"] == 1 and "(20)" in schema["description"]
+    with pytest.raises(ConfigError, match="--elastic-commit-every: an integer in"):
+        TrainConfig(data="d", output="o", elastic=True, elastic_commit_every=0)
+    with pytest.raises(ConfigError, match="--elastic: supported with plain averaging"):
+        TrainConfig(data="d", output="o", elastic=True, backward_passes_per_step=2)
