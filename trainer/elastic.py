@@ -205,7 +205,17 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
         name = SAMPLE_IDS_NAME.format(host=socket.gethostname(), pid=os.getpid())
         sample_log = open(Path(config.debug_sample_ids) / name, "a")  # noqa: SIM115
 
+    timing = {"commit_s": 0.0, "commits": 0}  # this rank's time in commits (bench reads it)
+
     def commit() -> None:
+        start = time.perf_counter()
+        try:
+            commit_now()
+        finally:
+            timing["commit_s"] += time.perf_counter() - start
+            timing["commits"] += 1
+
+    def commit_now() -> None:
         totals = hvd.allreduce(  # Horovod: this commit's loss over the ranks alive
             torch.tensor([live["loss"], float(live["count"])], dtype=torch.float64),
             op=hvd.Sum,
@@ -323,6 +333,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             )
             if now.is_primary:
                 event = {**state.history[-1], "of_epochs": config.epochs}
+                event.update(commit_seconds=timing["commit_s"], commits=timing["commits"])
                 event.update(
                     val_correct=evaluation["val_correct"], val_samples=evaluation["val_samples"]
                 )
@@ -333,7 +344,10 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             state.epoch, state.consumed = epoch + 1, 0
             state.loss_sum, state.loss_count = 0.0, 0
             live.update(steps=0, samples=0, loss=0.0, count=0)
+            start = time.perf_counter()
             state.commit()
+            timing["commit_s"] += time.perf_counter() - start
+            timing["commits"] += 1
         if not evaluation:  # resumed a finished run (or stopped at the target): evaluate it
             evaluation = evaluate_distributed(model, x_val, y_val, config, now, config.epochs)
         evaluation["param_hash"] = check_ranks_agree(model, now, "at the end")
@@ -393,6 +407,8 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             "world_sizes": [w["to"] for w in state.worlds],
             "redone_steps": int(state.redone_steps),
             "redone_samples": int(state.redone_samples),
+            "commits": timing["commits"],  # this process's (rank 0 at the end)
+            "commit_seconds": timing["commit_s"],
         },
     }
     if is_primary:
