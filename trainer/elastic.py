@@ -153,7 +153,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
     model = build_training_model(config, device)
     base = build_optimizer(config, model, config.lr)
     identity = run_identity(config, rt, dataset.content_hash, 0)
-    start_epoch, history, worlds = 0, [], []
+    start_epoch, history, worlds, hosts = 0, [], [], []
     redone = {"steps": 0, "samples": 0}
     if config.resume:  # every rank reads it: no collective before the elastic loop
         verdict = read_resume_state(ckpt_uri, identity, config, rt.size)
@@ -168,6 +168,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             start_epoch, history = int(saved["epoch"]), list(saved["history"])
             worlds = list(saved.get("elastic", {}).get("world_history", []))
             redone = dict(saved.get("elastic", {}).get("redone", redone))
+            hosts = list(saved.get("elastic", {}).get("hosts", []))  # the world it ended in
             log(rt, f"resuming from {ckpt_uri} after epoch {start_epoch}")
     optimizer = hvd.DistributedOptimizer(  # Horovod: allreduce gradients in step()
         base,
@@ -183,7 +184,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
         loss_count=0,
         history=history,
         worlds=worlds,
-        hosts=[],
+        hosts=hosts,
         redone_steps=redone["steps"],
         redone_samples=redone["samples"],
     )
@@ -369,6 +370,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             "rng_states": [],  # elastic: ranks come and go, no per-rank stream to continue
             "elastic": {
                 "world_history": state.worlds,
+                "hosts": state.hosts,
                 "redone": {"steps": state.redone_steps, "samples": state.redone_samples},
             },
         }

@@ -28,7 +28,7 @@ from tests.engine_scripts import run_script
 from tests.mnist_subset import write_subset
 from tests.trainer.conftest import stage_local
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 HOSTS = ["e1", "e2", "e3"]
 NETNS_ENV = {
@@ -103,11 +103,14 @@ class ElasticRun:
         min_np: int,
         max_np: int,
         timeout_s: int = 600,
+        extra: tuple[str, ...] = (),
+        out: Path | None = None,
     ) -> None:
         self.hosts, self.tmp = hosts, tmp
         self.hosts_file = tmp / "hosts"
         self.ids = tmp / "ids"
-        self.out = tmp / "out"
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.out = out or tmp / "out"
         self.set_hosts(on)
         discover = tmp / "discover.sh"
         discover.write_text(f"#!/bin/sh\nexec grep -v '^#' {shlex.quote(str(self.hosts_file))}\n")
@@ -123,7 +126,7 @@ class ElasticRun:
             "--data", str(hosts.dataset), "--output", str(self.out),
             "--elastic", "--elastic-commit-every", str(COMMIT_EVERY), "--epochs", "2",
             "--batch-size", "8", "--log-interval", "0",
-            "--debug-sample-ids", str(self.ids),
+            "--debug-sample-ids", str(self.ids), *extra,
         ]  # fmt: skip
         env = {**os.environ, "HVA_CACHE_DIR": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
         self.log = open(tmp / "horovodrun.log", "w")  # noqa: SIM115
@@ -233,17 +236,33 @@ def test_a_host_added_to_discovery_joins_the_run(
     assert metrics["val_accuracy"] >= ACCURACY_FLOOR
 
 
-def test_below_min_np_the_run_fails_naming_the_lost_host(
+def test_below_min_np_the_run_fails_naming_the_lost_host_and_a_retry_resumes_smaller(
     elastic_hosts: ElasticHosts, tmp_path: Path
 ) -> None:
     run = ElasticRun(elastic_hosts, tmp_path, HOSTS, np_=3, min_np=3, max_np=3, timeout_s=15)
-    rows = run.wait_for("steps on e3", lambda rows: any(r["host"] == "e3" for r in rows))
+    rows = run.wait_for(
+        "steps of epoch 2 on e3",
+        lambda rows: any(r["host"] == "e3" and r["epoch"] == 1 for r in rows),
+    )
     os.kill(next(r["pid"] for r in rows if r["host"] == "e3"), signal.SIGKILL)
     rc = run.finish(timeout=120)
     out = run.output()
     assert rc != 0, out[-4000:]
     assert elastic_hosts.addresses["e3"] in out, out[-4000:]
     assert not (run.out / "metrics.json").exists()
+    assert (run.out / "checkpoint.pt").exists()  # epoch 1, at world size 3
+    # The retry (what Airflow's next try runs, --resume) on the two hosts left: the elastic
+    # identity has no world size, so it continues from epoch 1 at 2 ranks.
+    retry = ElasticRun(
+        elastic_hosts, tmp_path / "retry", HOSTS[:2], 2, 2, 2, extra=("--resume",), out=run.out
+    )
+    assert retry.finish() == 0, retry.output()[-4000:]
+    metrics = retry.metrics()
+    assert [h["world_size"] for h in metrics["history"]] == [3, 2]
+    assert metrics["elastic"]["world_sizes"] == [3, 2]
+    assert metrics["elastic"]["world_history"][-1]["left"] == ["e3"]  # across the retry
+    assert sorted(epoch_ids(retry.steps(), 1)) == list(range(TRAIN))
+    assert metrics["val_accuracy"] >= ACCURACY_FLOOR
 
 
 def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
