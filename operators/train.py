@@ -79,8 +79,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         Horovod builds have), ``"mpi"`` (a Horovod built with MPI; needed for Adasum) or
         ``"auto"`` (horovodrun probes the build and prefers MPI; the probe costs seconds).
     :param elastic: :class:`~horovod_airflow.operators.launchers.local_options.ElasticOptions`
-        (its ``min_np`` and ``max_np`` are rendered (templated)): elastic Horovod, ranks of a lost host leave and a
-        new host's join without failing the task; adds ``--elastic`` to our trainer. Only
+        (its ``min_np`` and ``max_np`` are rendered (templated)): elastic Horovod, ranks of a
+        lost host leave and a new host's join without failing the task; adds ``--elastic``
+        to our trainer. Only
         ``launcher="local"`` over several hosts; refused elsewhere, naming why. A completed
         elastic training is this task's whatever world size it ended at.
 
