@@ -30,10 +30,11 @@ file                      format (``Schema``)                  written by → re
                           checked by ``horovod_airflow.core.fileset``)  staging's data checks
 ========================  ===================================  =================================
 
-Legacy: a ``metrics.json`` written before per-step curves carries
+Legacy: a ``metrics.json`` written before per-step curves and elastic training carries
 ``horovod-airflow/metrics-v1`` (:data:`LEGACY_METRICS_FORMAT`): the same keys without
-``steps`` (v2's bounded per-step record, :data:`STEP_SERIES`). It is still read: a later try
-returns that training, and publish draws its per-epoch curves.
+``steps`` (v2's bounded per-step record, :data:`STEP_SERIES`) and ``elastic`` (an elastic
+run's world-size history). It is still read: a later try returns that training, and publish
+draws its per-epoch curves.
 
 Legacy: a staged dataset's or file set's ``manifest.json`` staged before the data checks
 carries ``horovod-airflow/dataset-v1`` or ``fileset-v1`` (:data:`LEGACY_DATASET_FORMAT`,
@@ -83,6 +84,9 @@ FILESET_FORMAT = "horovod-airflow/fileset-v2"  # a staged file set's manifest (c
 LEGACY_DATASET_FORMAT = "horovod-airflow/dataset-v1"
 LEGACY_FILESET_FORMAT = "horovod-airflow/fileset-v1"
 CHECKPOINT_FORMAT = "horovod-airflow/checkpoint-v1"  # checkpoint.pt (trainer/resume.py, torch)
+#: ``--debug-sample-ids DIR``: the file each elastic rank appends its trained sample ids to
+#: (one JSON line per optimizer step), named by host and process id.
+SAMPLE_IDS_NAME = "sample-ids-{host}-{pid}.jsonl"
 LEGACY_MODEL_FORMAT = "horovod-airflow/model-v1"  # latest.json and manifest.json before v2
 
 #: The ONNX metadata property holding the model's preprocessing, a JSON :data:`PREPROCESSING`.
@@ -260,7 +264,8 @@ class Schema:
         return document
 
 
-#: ``metrics.json`` before ``steps`` (per-step loss and learning rate); still read.
+#: ``metrics.json`` before ``steps`` (per-step loss and learning rate) and ``elastic`` (an
+#: elastic run's world-size history and redone steps); still read.
 LEGACY_METRICS_FORMAT = "horovod-airflow/metrics-v1"
 
 #: v2's ``steps``: a bounded per-step record written by our trainer, one entry every
@@ -279,6 +284,8 @@ MAX_STEP_POINTS = 1000
 
 METRICS = Schema(
     METRICS_NAME,
+    # v2 (one new version for both): ``steps`` (STEP_SERIES) and ``elastic``
+    # (``horovod_airflow.trainer.elastic``); v1 documents are still read.
     "horovod-airflow/metrics-v2",
     # The training-program contract asks only for the gate metric (its key is the
     # operator's ``metric_key``); the train operator checks that one.
@@ -299,6 +306,7 @@ METRICS = Schema(
         "train_seconds": NUMBER,
         "artifacts": dict,
         "steps": dict,  # STEP_SERIES (v2)
+        "elastic": dict,  # an elastic run's world history (v2)
     },
     legacy={LEGACY_METRICS_FORMAT: ()},
 )

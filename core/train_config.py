@@ -51,6 +51,8 @@ NOT_RESULT_FIELDS = frozenset(
         "progress_seconds",
         "debug_param_hash",
         "target_accuracy",
+        "elastic_commit_every",  # how much a reset redoes, not what a finished epoch computes
+        "debug_sample_ids",
     )
 )
 
@@ -272,6 +274,26 @@ class TrainConfig:
             maximum=1024,
         ),
     )
+    elastic: bool = field(
+        default=False,
+        metadata=option(
+            "elastic Horovod: ranks of a lost host leave and new hosts join without failing "
+            "the run (launch with horovodrun's elastic options); every epoch trains on each "
+            "training sample once at whatever world size it has",
+            HVD,
+        ),
+    )
+    elastic_commit_every: int = field(
+        default=20,
+        metadata=option(
+            "with --elastic: commit the training state every N optimizer steps (and at each "
+            "epoch end); a reset redoes the fewer than N steps since the last commit",
+            HVD,
+            title="Elastic commit every N steps",
+            minimum=1,
+            maximum=100000,
+        ),
+    )
     precision: str = field(
         default="auto",
         metadata=option(
@@ -323,9 +345,24 @@ class TrainConfig:
         ),
     )
 
+    debug_sample_ids: str = field(
+        default="",
+        metadata=option(
+            "with --elastic: each rank appends the training sample ids of every optimizer "
+            "step to a file in this local folder (tests count them)",
+            DIAG,
+        ),
+    )
+
     def __post_init__(self) -> None:
         for name in OPTIONS:
             check_option(name, getattr(self, name), self)
+        if self.elastic and (self.adasum or self.backward_passes_per_step != 1):
+            raise ConfigError(
+                "--elastic: supported with plain averaging and one backward pass per step; "
+                f"got --adasum {self.adasum}, --backward-passes-per-step "
+                f"{self.backward_passes_per_step} (drop them or drop --elastic)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain primitives only (stored in checkpoint.pt and metrics.json)."""

@@ -410,6 +410,8 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         """Preflight, then run (or, where the launcher defers, submit and defer) with the
         deadline ``execution_timeout`` leaves."""
         launcher = self.make_launcher()
+        if spec.elastic is not None:  # refused, naming why, where ranks cannot come and go
+            launcher.check_elastic(spec)
         ti = context.get("ti")
         launcher.journal = JobJournal(
             context.get("task_state_store"), int(getattr(ti, "try_number", 1) or 1), self.log

@@ -15,6 +15,7 @@ from horovod_airflow.operators.command import (
     TRAINER_ENTRYPOINT,
     check_controller,
     doctor_argv,
+    is_our_train,
     is_our_trainer,
     program_argv,
     trainer_args_to_argv,
@@ -25,7 +26,8 @@ from horovod_airflow.operators.exceptions import (
     TrainingCompletedError,
 )
 from horovod_airflow.operators.job import HorovodJobOperatorBase, as_int, is_templated
-from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.operators.launchers.base import ElasticSpec, JobSpec
+from horovod_airflow.operators.launchers.local_options import ElasticOptions
 from horovod_airflow.operators.links import RunFolderLink
 
 if TYPE_CHECKING:
@@ -77,6 +79,12 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     :param controller: horovodrun's controller, ``"gloo"`` (default: what this project's
         Horovod builds have), ``"mpi"`` (a Horovod built with MPI; needed for Adasum) or
         ``"auto"`` (horovodrun probes the build and prefers MPI; the probe costs seconds).
+    :param elastic: :class:`~horovod_airflow.operators.launchers.local_options.ElasticOptions`
+        (its ``min_np`` and ``max_np`` are rendered (templated)): elastic Horovod, ranks of a
+        lost host leave and a new host's join without failing the task; adds ``--elastic``
+        to our trainer. Only
+        ``launcher="local"`` over several hosts; refused elsewhere, naming why. A completed
+        elastic training is this task's whatever world size it ended at.
 
     Plus the settings of :class:`horovod_airflow.operators.job.HorovodJobOperatorBase`:
     ``launcher``, its
@@ -93,6 +101,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         "env",
         "image",
         "num_proc",
+        "elastic",
     )
     template_fields_renderers = {"env": "json", "trainer_args": "json"}  # noqa: RUF012
     operator_extra_links = (RunFolderLink(),)
@@ -108,9 +117,12 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         metric_key: str = "val_accuracy",
         resume_on_retry: bool = True,
         controller: str = "gloo",
+        elastic: ElasticOptions | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if elastic is not None and not isinstance(elastic, ElasticOptions):
+            raise ValueError(f"elastic must be an ElasticOptions or None, got {elastic!r}")
         if not is_templated(num_proc):
             as_int(num_proc, "num_proc", minimum=1)
         if not data or not isinstance(data, str):
@@ -142,6 +154,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         self.metric_key = metric_key
         self.resume_on_retry = resume_on_retry
         self.controller = controller
+        self.elastic = elastic
 
     def build_spec(self, context: Context) -> JobSpec:
         """Validate the rendered fields and build the job (command, env, secrets).
@@ -211,7 +224,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     def _differences(self, metrics: Mapping[str, Any], num_proc: int) -> list[str]:
         """What ``metrics`` records that differs from this try's settings."""
         differ = []
-        if metrics.get("world_size") not in (None, num_proc):
+        if self.elastic is None and metrics.get("world_size") not in (None, num_proc):
             differ.append(f"world_size: recorded {metrics['world_size']}, now {num_proc}")
         dataset = metrics.get("dataset")
         if isinstance(dataset, Mapping) and dataset.get("uri") not in (None, self.data):
@@ -242,6 +255,17 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             extra=trainer_args_to_argv(self.trainer_args, self.entrypoint),
             resume=resume,
         )
+        elastic = None
+        if self.elastic is not None:
+            e = self.elastic
+            elastic = ElasticSpec(
+                as_int(e.min_np, "elastic.min_np", minimum=1),
+                as_int(e.max_np, "elastic.max_np", minimum=1),
+                e.timeout_s,
+                e.hosts_file,
+            )
+            if is_our_train(self.entrypoint) and "--elastic" not in program:
+                program.append("--elastic")
         if resume:
             self.log.info("try %d: resuming from the checkpoint in %s", try_number, self.output_uri)
         public, secret = self.job_env()
@@ -264,6 +288,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             preflight_argv=preflight,
             controller=self.controller,
             labels=labels,
+            elastic=elastic,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:

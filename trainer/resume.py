@@ -43,9 +43,10 @@ def run_identity(
 
     The dataset by content (not URI), the world size, the device type and resolved precision
     (``auto`` may resolve otherwise elsewhere), the steps per epoch, and every setting that
-    changes the result (``TrainConfig.result_fields``).
+    changes the result (``TrainConfig.result_fields``). An ``--elastic`` run leaves out the
+    world size and the steps per epoch (which follows from it): it resumes at any size.
     """
-    return {
+    identity = {
         "dataset_content_hash": content_hash,
         "world_size": rt.size,
         "device_type": rt.device.split(":")[0],
@@ -54,6 +55,9 @@ def run_identity(
         "steps_per_epoch": steps_per_epoch,
         **config.result_fields(),
     }
+    if config.elastic:  # any world size continues it (the checkpoint records the history)
+        del identity["world_size"], identity["steps_per_epoch"]
+    return identity
 
 
 def same_lr_so_far(
@@ -89,8 +93,10 @@ def resume_mismatches(
         old, new = saved.get(key, NOT_RECORDED), now[key]
         if old == new:
             continue
-        if key == "epochs" and same_lr_so_far(
-            old, config, world_factor, now["steps_per_epoch"], done_epochs
+        if (
+            key == "epochs"
+            and "steps_per_epoch" in now
+            and same_lr_so_far(old, config, world_factor, now["steps_per_epoch"], done_epochs)
         ):
             continue  # the lr of every step taken is the same: epochs may change
         lines.append(f"{key}: checkpoint {old!r}, now {new!r}")

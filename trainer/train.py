@@ -351,6 +351,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
     import horovod.torch as hvd
     import torch
 
+    if config.elastic:  # ranks may come and go: its own loop (horovod_airflow.trainer.elastic)
+        from horovod_airflow.trainer.elastic import run_elastic
+
+        return run_elastic(config)
     started = time.perf_counter()
     rt, device = setup_runtime(config)
     log(

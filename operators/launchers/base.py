@@ -19,6 +19,7 @@ from typing import Any
 from horovod_airflow.core.contract import NO_RETRY_EXIT_CODES
 from horovod_airflow.operators.command import redact
 from horovod_airflow.operators.exceptions import (
+    HorovodConfigError,
     HorovodRefusedError,
     HorovodTimeoutError,
     HorovodTrainingError,
@@ -44,6 +45,25 @@ class JobSpec:
     preflight_argv: Sequence[str] | None = None  # a doctor command to run first, if any
     controller: str = "gloo"  # horovodrun's controller: gloo, mpi or auto (its own choice)
     labels: Mapping[str, str] = field(default_factory=dict)  # dag_id, task_id, run_id, try_number
+    elastic: ElasticSpec | None = None  # elastic Horovod: ranks may leave and join
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """An elastic job's bounds (rendered ``ElasticOptions``): horovodrun's ``--min-np``,
+    ``--max-np`` and ``--elastic-timeout`` (seconds it waits for ``min_np`` slots)."""
+
+    min_np: int
+    max_np: int
+    timeout_s: int
+    hosts_file: str | None = None  # host:slots lines the discovery script prints
+
+
+NO_ELASTIC_REASON = (
+    "elastic Horovod drops a whole host when one of its ranks fails, and the new world is "
+    "formed over the hosts that are left; it needs ranks on several hosts and a discovery "
+    "script it can re-run"
+)
 
 
 @dataclass(frozen=True)
@@ -279,6 +299,14 @@ class Launcher(abc.ABC):
     @property
     def defers(self) -> bool:
         return False
+
+    def check_elastic(self, spec: JobSpec) -> None:
+        """Raise :class:`HorovodConfigError` unless this launcher can run ``spec`` elastically
+        (only the local launcher over several hosts can, today)."""
+        raise HorovodConfigError(
+            f"elastic=ElasticOptions(...): the {self.name} launcher does not run elastic jobs "
+            f"({NO_ELASTIC_REASON}); use launcher='local' with hosts on several machines"
+        )
 
     def submit(self, spec: JobSpec, log: Any) -> dict[str, str]:
         """Start the job and return a reference to it (stored in Airflow: never a secret)."""

@@ -30,6 +30,7 @@ from horovod_airflow.operators.command import (
     rank_env_file_text,
 )
 from horovod_airflow.operators.exceptions import (
+    HorovodConfigError,
     HorovodImageError,
     HorovodLaunchError,
     JobNotOursError,
@@ -178,6 +179,14 @@ class DockerLauncher(Launcher):
     name = "docker"
     options_class = DockerOptions
     needs_image = True
+
+    def check_elastic(self, spec: JobSpec) -> None:
+        raise HorovodConfigError(
+            "elastic=ElasticOptions(...): refused with launcher='docker': every rank runs in "
+            "the job's one container, one host, and Horovod drops a whole host when one of "
+            "its ranks fails, so a lost rank would end the job all the same; use "
+            "launcher='local' with hosts on several machines"
+        )
 
     def __init__(
         self, *, image: str, options: DockerOptions | None = None, client: Any | None = None

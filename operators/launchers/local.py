@@ -49,6 +49,11 @@ from horovod_airflow.operators.launchers.base import (
     Launcher,
     end_of_job,
 )
+from horovod_airflow.operators.launchers.local_elastic import (
+    check_local_elastic,
+    discovery_script,
+    elastic_args,
+)
 from horovod_airflow.operators.launchers.local_options import LocalOptions
 
 #: Set in the environment of every job process (not a secret): the clean-up finds by it the
@@ -213,7 +218,16 @@ class LocalLauncher(Launcher):
         )
         at = argv.index("-np")
         argv[at:at] = options.horovodrun_args
+        if spec.elastic is not None:  # the discovery script lists the hosts, not -H
+            at = argv.index("-H")
+            script = discovery_script(self.hosts, spec.elastic.hosts_file)
+            argv[at : at + 2] = elastic_args(spec.elastic, script)
         return argv
+
+    def check_elastic(self, spec: JobSpec) -> None:
+        assert spec.elastic is not None
+        hosts = parse_hosts(self.options.hosts, spec.num_proc)
+        check_local_elastic(spec.elastic, hosts, spec.num_proc, self.options)
 
     # --- preflight --------------------------------------------------------------------
     def preflight(self, spec: JobSpec, log: Any) -> None:

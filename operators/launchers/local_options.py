@@ -79,3 +79,42 @@ class LocalOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+
+
+DEFAULT_ELASTIC_TIMEOUT_S = 600  # horovodrun's own default --elastic-timeout
+
+
+@dataclass
+class ElasticOptions:
+    """``HorovodTrainOperator(elastic=ElasticOptions(...))``: elastic Horovod, where the ranks
+    of a lost host leave and a new host's join while the run goes on (``horovodrun --min-np
+    --max-np --host-discovery-script``, ``trainer train --elastic``).
+
+    Only ``launcher="local"`` over several hosts runs it: Horovod drops a whole host when one
+    of its ranks fails, so ranks that share one host (the docker launcher's container, a
+    local launch on localhost) would all go at once; those are refused.
+
+    :param min_np: the fewest ranks the job runs with (templated); below it, after
+        ``timeout_s``, the task fails naming the lost host.
+    :param max_np: the most ranks (templated); ``num_proc`` ranks start.
+    :param timeout_s: seconds horovodrun waits for ``min_np`` slots after a change
+        (``--elastic-timeout``).
+    :param hosts_file: a file of ``host:slots`` lines that the discovery script reads each
+        time horovodrun asks (change it to add or remove hosts); None: the launcher writes
+        one from ``LocalOptions.hosts``.
+    """
+
+    min_np: int | str
+    max_np: int | str
+    timeout_s: int = DEFAULT_ELASTIC_TIMEOUT_S
+    hosts_file: str | None = None
+    template_fields = ("min_np", "max_np")  # rendered by Airflow with the operator's fields
+
+    def __post_init__(self) -> None:
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"ElasticOptions.timeout_s must be whole seconds ≥ 1, got {t!r}")
+        if self.hosts_file is not None and (
+            not isinstance(self.hosts_file, str) or not self.hosts_file
+        ):
+            raise ValueError(f"ElasticOptions.hosts_file must be a path, got {self.hosts_file!r}")

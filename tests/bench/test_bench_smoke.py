@@ -423,3 +423,17 @@ def test_profile_groups_name_the_step_parts() -> None:
     assert profile_step.group_of("Optimizer.step#Adam.step") == "optimizer (Adam)"
     assert profile_step.group_of("HorovodAllreduce") == "gradient allreduce wait (Horovod)"
     assert profile_step.group_of("aten::something_new") == "other"
+
+
+def test_elastic_commit_quick(tmp_path: Path) -> None:
+    from bench import elastic_commit
+
+    elastic_commit.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "elastic_commit_quick")
+    plain, *elastic = data["results"]
+    assert plain["commit_every"] is None and plain["commit_share"] is None
+    for r in elastic:
+        assert r["median"] > 0 and 0 <= r["commit_share"] < 1
+    # 2,048 samples at 2 x 64 per step: 16 steps, so only N = 5 commits mid-epoch
+    assert [r["commit_share"] > 0 for r in elastic] == [False, False, True]
+    assert "| --elastic, commit every 20 (default) |" in markdown

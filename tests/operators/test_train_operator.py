@@ -46,6 +46,7 @@ def test_template_fields():
         "env",
         "image",
         "num_proc",
+        "elastic",  # its min_np and max_np (ElasticOptions.template_fields)
     }
     assert {"checkpoint", "output_uri", "data", "export_args", "env", "image"} <= set(
         HorovodExportOperator.template_fields

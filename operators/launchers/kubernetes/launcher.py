@@ -9,6 +9,7 @@ from typing import Any
 
 from horovod_airflow.operators.command import Host
 from horovod_airflow.operators.exceptions import (
+    HorovodConfigError,
     HorovodImageError,
     HorovodLaunchError,
     HorovodTrainingError,
@@ -48,6 +49,16 @@ class KubernetesLauncher(Launcher):
     name = "kubernetes"
     options_class = KubernetesOptions
     needs_image = True
+
+    def check_elastic(self, spec: JobSpec) -> None:
+        raise HorovodConfigError(
+            "elastic=ElasticOptions(...): not supported with launcher='kubernetes' yet. "
+            "MPIJob: the MPI Operator writes /etc/mpi/discover_hosts.sh for elastic Horovod, "
+            "but its pods then need a service-account token and RBAC, which this project "
+            "does not create yet. TrainJob: Kubeflow Trainer v2 has no elastic policy "
+            "(ElasticPolicy was removed in v2.2; elastic is only a proposal there). Use "
+            "launcher='local' with hosts on several machines"
+        )
 
     def __init__(
         self, *, image: str, options: KubernetesOptions | None = None, hook: Any | None = None

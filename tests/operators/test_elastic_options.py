@@ -1,0 +1,98 @@
+"""``HorovodTrainOperator(elastic=ElasticOptions(...))``: what it builds, and what it refuses
+(naming why) before any job starts. The elastic runs themselves: tests/engines/test_elastic.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from horovod_airflow.operators import HorovodTrainOperator
+from horovod_airflow.operators.exceptions import HorovodConfigError
+from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
+from tests.operators.helpers import context
+
+HOSTS = ["10.9.0.1:1", "10.9.0.2:1", "10.9.0.3:1"]
+
+
+def op(
+    launcher: str = "local", elastic: ElasticOptions | None = None, **kw
+) -> HorovodTrainOperator:
+    options = {
+        "local": {"local": LocalOptions(hosts=HOSTS, network_interface="eth9")},
+        "docker": {"image": "img:1"},
+        "kubernetes": {"image": "img:1"},
+    }[launcher]
+    return HorovodTrainOperator(
+        task_id="train",
+        launcher=launcher,
+        num_proc=kw.pop("num_proc", 3),
+        data="s3://b/d",
+        output="s3://b/runs/r",
+        aws_conn_id=None,
+        elastic=elastic or ElasticOptions(min_np=2, max_np=3),
+        **{**options, **kw},
+    )
+
+
+def test_min_and_max_np_render_and_reach_horovodrun_with_our_discovery_script() -> None:
+    task = op(elastic=ElasticOptions(min_np="{{ params.lo }}", max_np="{{ params.hi }}"))
+    ctx = {**context(), "params": {"lo": 2, "hi": 3}}
+    task.render_template_fields(ctx)
+    spec = task.build_spec(ctx)
+    assert spec.elastic is not None and (spec.elastic.min_np, spec.elastic.max_np) == (2, 3)
+    assert "--elastic" in spec.argv  # our trainer runs its elastic loop
+    launcher = task.make_launcher()
+    launcher.check_elastic(spec)  # several hosts, an interface: allowed
+    argv = launcher.command(spec)
+    assert "-H" not in argv
+    at = argv.index("--host-discovery-script")
+    script = argv[at + 1]
+    assert argv[argv.index("--min-np") + 1] == "2" and argv[argv.index("--max-np") + 1] == "3"
+    assert argv[argv.index("--network-interface") + 1] == "eth9"
+    import subprocess
+
+    listed = subprocess.run([script], capture_output=True, text=True, check=True).stdout
+    assert listed.split() == HOSTS
+
+
+@pytest.mark.parametrize(
+    ("launcher", "kw", "message"),
+    [
+        ("docker", {}, "one container, one host"),
+        ("kubernetes", {}, "TrainJob: Kubeflow Trainer v2 has no elastic policy"),
+        ("local", {"local": LocalOptions(hosts="localhost:3")}, "on one host"),
+        (
+            "local",
+            {"local": LocalOptions(hosts=HOSTS)},
+            "needs LocalOptions.network_interface",
+        ),
+    ],
+)
+def test_refused_where_ranks_cannot_come_and_go(launcher: str, kw: dict, message: str) -> None:
+    task = op(launcher, **kw)
+    spec = task.build_spec(context())
+    with pytest.raises(HorovodConfigError, match=message):
+        task.make_launcher().check_elastic(spec)
+
+
+def test_num_proc_outside_min_max_is_refused() -> None:
+    task = op(num_proc=3, elastic=ElasticOptions(min_np=2, max_np=2))
+    with pytest.raises(HorovodConfigError, match="min_np ≤ num_proc ≤ max_np"):
+        task.make_launcher().check_elastic(task.build_spec(context()))
+
+
+def test_a_completed_elastic_training_is_this_tasks_at_any_world_size() -> None:
+    task = op()
+    assert task._differences({"world_size": 2}, 3) == []
+    plain = HorovodTrainOperator(task_id="t", data="s3://b/d", output="s3://b/o", num_proc=3)
+    assert plain._differences({"world_size": 2}, 3) != []
+
+
+def test_commit_every_is_one_declaration_for_cli_validation_and_the_form() -> None:
+    from horovod_airflow.core.train_config import ConfigError, TrainConfig, param_schema
+
+    schema = param_schema("elastic_commit_every", nullable=True)
+    assert schema["minimum"] == 1 and "(20)" in schema["description"]
+    with pytest.raises(ConfigError, match="--elastic-commit-every: an integer in"):
+        TrainConfig(data="d", output="o", elastic=True, elastic_commit_every=0)
+    with pytest.raises(ConfigError, match="--elastic: supported with plain averaging"):
+        TrainConfig(data="d", output="o", elastic=True, backward_passes_per_step=2)
