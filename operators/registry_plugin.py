@@ -334,9 +334,8 @@ for (const b of document.querySelectorAll('button.move')) {
     const body = await r.json();
     const m = document.getElementById('message');
     m.dataset.status = r.status;
-    m.textContent = r.ok ? `latest.json now names ${body.latest.version}`
+    m.textContent = r.ok ? `latest.json now names ${body.latest.version} (reload to see it)`
       : `refused (${r.status}): ${body.detail}`;
-    if (r.ok) setTimeout(() => location.reload(), 1500);
   };
 }
 </script></body></html>"""
