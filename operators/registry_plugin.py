@@ -28,12 +28,11 @@ server), or the ``AWS_*`` environment when that is unset.
 from __future__ import annotations
 
 import html
-import json
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from horovod_airflow.core import storage
@@ -87,6 +86,11 @@ async def _user(request: Request) -> Any:
     return await get_user(request, None, bearer)
 
 
+#: The signed-in user (Airflow's JWT: the UI's cookie or a bearer token). The endpoints are
+#: plain functions, so their S3 and database calls run in the thread pool, not the event loop.
+User = Annotated[Any, Depends(_user)]
+
+
 def _can(user: Any, what: str, asset_id: int | None = None) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import AssetDetails
@@ -138,16 +142,14 @@ def registry_view(bucket_uri: str, *, client: Any | None = None) -> dict[str, An
 
 
 @app.get("/api/registry")
-async def api_registry(request: Request) -> JSONResponse:
-    user = await _user(request)
+def api_registry(user: User) -> JSONResponse:
     if not _can(user, "read"):
         raise HTTPException(403, f"{_name(user)} may not read assets")
     return JSONResponse(registry_view(settings.BUCKET_URI, client=_client()))
 
 
 @app.get("/curves/{model}/{version}")
-async def curves(model: str, version: str, request: Request) -> Response:
-    user = await _user(request)
+def curves(model: str, version: str, user: User) -> Response:
     if not _can(user, "read"):
         raise HTTPException(403, f"{_name(user)} may not read assets")
     try:
@@ -165,19 +167,17 @@ def safe_name(model: str) -> str:
 
 
 @app.post("/api/promote")
-async def api_promote(request: Request) -> JSONResponse:
+def api_promote(request: Request, body: dict[str, Any], user: User) -> JSONResponse:
     """Body ``{"model", "version", "reason", "override_reason"?}``; JSON only (a cross-site
     form cannot send it)."""
-    user = await _user(request)
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise HTTPException(415, "send the request as application/json")
     try:
-        body = json.loads(await request.body())
         model = safe_name(body["model"])
         version = check_version(body["version"])
         reason = str(body.get("reason") or "")
         override_reason = body.get("override_reason") or None
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise HTTPException(400, f"need model, version and reason: {e}") from e
     uri = latest_uri(settings.BUCKET_URI, model)
     try:
@@ -342,8 +342,7 @@ for (const b of document.querySelectorAll('button.move')) {
 
 
 @app.get("/", response_class=HTMLResponse)
-async def page(request: Request) -> HTMLResponse:
-    user = await _user(request)
+def page(user: User) -> HTMLResponse:
     if not _can(user, "read"):
         raise HTTPException(403, f"{_name(user)} may not read assets")
     view = registry_view(settings.BUCKET_URI, client=_client())
