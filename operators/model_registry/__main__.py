@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import logging
+import os
 import sys
 from typing import Any
 
@@ -63,16 +63,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _logs_to_stderr() -> None:
-    """Airflow's logging writes to stdout; the answer (JSON) is stdout's alone."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
-            handler.setStream(sys.stderr)
+def _answer_stream() -> Any:
+    """Where the answer (JSON) goes: the process's stdout, kept aside, while file descriptor 1
+    is pointed at stderr, so whatever Airflow's logging writes to stdout lands on stderr."""
+    sys.stdout.flush()
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return answer
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _logs_to_stderr()
+    answer = _answer_stream()
     out: dict[str, Any]
     if args.command == "list":
         latest, _ = read_latest(args.bucket_uri, args.model)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             "versions": list_versions(args.bucket_uri, args.model),
             "history": read_history(args.bucket_uri, args.model),
         }
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2), file=answer, flush=True)
         return 0
     uri = latest_uri(args.bucket_uri, args.model)
     try:
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if record is not None:
         emit_latest_event(args.model, uri, asset_event_extra(latest))
-    print(json.dumps({"latest": latest, "promotion": record}, indent=2))
+    print(json.dumps({"latest": latest, "promotion": record}, indent=2), file=answer, flush=True)
     return 0
 
 

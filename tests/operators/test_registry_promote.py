@@ -167,3 +167,74 @@ def test_the_cli_refuses_without_a_serving_asset_and_changes_nothing(s3_server, 
     assert listed.returncode == 0, listed.stderr
     out = json.loads(listed.stdout)
     assert out["latest"]["version"] == V2 and [v["version"] for v in out["versions"]] == [V2, V1]
+
+
+CONSUMER = """
+from datetime import UTC, datetime
+from airflow.sdk import Asset, dag, task
+
+@dag(dag_id="registry_cli_consumer", schedule=[Asset(name="mnist_cnn_latest", uri={uri!r})],
+     start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False)
+def consumer():
+    @task
+    def noop():
+        return None
+    noop()
+
+dag = consumer()
+"""
+
+
+def test_the_cli_rolls_back_and_records_the_event_serving_follows(
+    s3_server, airflow_db, tmp_path, monkeypatch
+):
+    """With a parsed DAG scheduled on the model's Asset, the CLI moves latest.json by CAS and
+    records the Asset event (its extra names the rolled-back version) in Airflow's database."""
+    import importlib.util
+
+    from airflow.models.asset import AssetActive, AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete, select
+
+    from horovod_airflow.operators.model_registry import latest_uri
+
+    bucket_uri, client = _two_versions(s3_server)
+    uri = latest_uri(bucket_uri, "mnist_cnn")
+    with create_session() as session:  # other tests' buckets registered the name first
+        session.execute(delete(AssetActive).where(AssetActive.name == "mnist_cnn_latest"))
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    (folder / "registry_cli_consumer.py").write_text(CONSUMER.format(uri=uri))
+    bundles = [
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {}},
+        {"name": "registry-cli", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(folder), "refresh_interval": 0}},
+    ]  # fmt: skip
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    spec = importlib.util.spec_from_file_location("registry_cli_consumer",
+                                                  folder / "registry_cli_consumer.py")  # fmt: skip
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert str(module.dag.test().state) == "success"  # parses and syncs the DAG and its Asset
+
+    env = {**os.environ, **s3_server.env, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "horovod_airflow.operators.model_registry",
+         "--bucket-uri", bucket_uri, "promote", "mnist_cnn", V1, "--reason", "v2 regressed",
+         "--actor", "oncall"],
+        capture_output=True, text=True, env=env, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert answer["promotion"]["actor"] == "oncall" and answer["latest"]["version"] == V1
+    assert read_latest(bucket_uri, "mnist_cnn", client=client)[0] == answer["latest"]
+    with create_session() as session:
+        extras = session.scalars(
+            select(AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.uri == uri)
+        ).all()
+    assert [e["version"] for e in extras] == [V1]
+    assert extras[0]["onnx_sha256"] == answer["latest"]["onnx_sha256"]
