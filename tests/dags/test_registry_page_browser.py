@@ -5,9 +5,10 @@ S3 server, and a real browser (Debian's headless chromium through selenium).
 Two real (nearest-centroid ONNX) models are published through the registry and a run the
 gate refused leaves its ``gate.json``. A viewer sees every version with its figures and the
 refused run's reason, has no buttons, and a promote sent with a viewer's session is refused
-(403) with ``latest.json`` unchanged. An admin rolls back from the page: ``latest.json``
-changes by compare-and-swap, the move is recorded with who and why, and the serving DAG runs
-on the Asset event and serves the rolled-back version. The page's screenshot is saved in the
+(403) with ``latest.json`` unchanged. An admin rolls back from the page to V1, below the
+deployment floor (set between the two): refused (409) without an override reason, nothing
+changed; with one, ``latest.json`` changes by compare-and-swap, the move is recorded with who,
+why and the override, and the serving DAG runs on the Asset event and serves V1. The page's screenshot is saved in the
 test's folder, and into docs/ with ``HVA_UPDATE_DOCS_SCREENSHOTS=1``.
 """
 
@@ -110,6 +111,13 @@ def _promote_as(driver: Any, version: str) -> tuple[int, dict]:
     return int(answer[0]), answer[1]
 
 
+def _message(driver: Any, containing: str) -> str | None:
+    from selenium.webdriver.common.by import By
+
+    text = str(driver.find_element(By.ID, "message").text)
+    return text if containing in text else None
+
+
 def test_the_registry_page_lists_versions_refuses_a_viewer_and_rolls_back(
     s3_server, mnist_subset, tmp_path, browser
 ):
@@ -118,12 +126,17 @@ def test_the_registry_page_lists_versions_refuses_a_viewer_and_rolls_back(
     bucket = _registry(s3_server, mnist_subset)
     bucket_uri, s3 = f"s3://{bucket}", s3_server.client()
     manifests = {m["version"]: m for m in list_versions(bucket_uri, "mnist_cnn", client=s3)}
+    # The deployment floor between the two: rolling back to V1 crosses it (an admin override).
+    low, high = (manifests[v]["metrics"]["val_accuracy"] for v in (V1, V2))
+    assert low < high, (low, high)  # the centroids of all images beat those of a tenth
+    floor = (low + high) / 2
     dags = tmp_path / "dags"
     dags.mkdir()
     shutil.copy(REPO / "dags" / "serve_latest_model.py", dags)
     env = {"HVA_BUCKET": bucket, "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
-           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2"}  # fmt: skip
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           "HVA_MIN_ACCURACY_FLOOR": repr(floor)}  # fmt: skip
     airflow = Standalone(tmp_path / "home", dags, s3_server, tmp_path / "sa.log", env)
     try:
         airflow.wait("the serving DAG parsed", lambda: airflow.call("GET", f"/api/v2/dags/{SERVE}"),
@@ -154,17 +167,26 @@ def test_the_registry_page_lists_versions_refuses_a_viewer_and_rolls_back(
         assert read_latest(bucket_uri, "mnist_cnn", client=s3) == before
         assert read_history(bucket_uri, "mnist_cnn", client=s3) == []
 
-        # An admin rolls back from the page; serving runs on the event and serves V1.
+        # An admin rolls back from the page: V1 is below the floor, refused without an
+        # override reason; with one, latest.json moves and serving serves V1 on the event.
         _sign_in(browser, airflow, "admin")
         browser.find_element(By.CSS_SELECTOR, "input.reason").send_keys("V2 fails on sevens")
-        browser.find_element(By.CSS_SELECTOR, f"button.move[data-version='{V1}']").click()
-        message = airflow.wait("the page's answer", lambda: browser.find_element(
-            By.ID, "message").text, 60)  # fmt: skip
+        button = browser.find_element(By.CSS_SELECTOR, f"button.move[data-version='{V1}']")
+        button.click()
+        message = airflow.wait("the page's refusal", lambda: _message(browser, "refused"), 60)
+        assert "refused (409)" in message and "below the deployment floor" in message, message
+        assert "needs an override reason" in message, message
+        assert read_latest(bucket_uri, "mnist_cnn", client=s3) == before
+        browser.find_element(By.CSS_SELECTOR, "input.override").send_keys("incident 7")
+        button.click()
+        message = airflow.wait("the page's answer", lambda: _message(browser, "now names"), 60)
         assert message == f"latest.json now names {V1} (reload to see it)", message
         latest, _ = read_latest(bucket_uri, "mnist_cnn", client=s3)
         assert latest["version"] == V1 and latest["promotion"]["actor"] == "admin"
         assert latest["promotion"]["action"] == "rollback"
         assert latest["promotion"]["reason"] == "V2 fails on sevens"
+        assert latest["promotion"]["override"] is True
+        assert latest["promotion"]["override_reason"] == "incident 7"
         (record,) = read_history(bucket_uri, "mnist_cnn", client=s3)
         assert record["previous_version"] == V2
 
@@ -183,6 +205,8 @@ def test_the_registry_page_lists_versions_refuses_a_viewer_and_rolls_back(
         assert value["version"] == V1 and value["source"] == "asset event", value
         browser.get(airflow.base + PAGE)
         assert "rollback by admin: V2 fails on sevens" in browser.find_element(
+            By.CSS_SELECTOR, "p.latest").text  # fmt: skip
+        assert "(admin override: incident 7)" in browser.find_element(
             By.CSS_SELECTOR, "p.latest").text  # fmt: skip
         shot = tmp_path / "registry_page.png"
         browser.save_screenshot(str(shot))
