@@ -2,12 +2,12 @@
 
 On a CPU node the Horovod background thread (which wakes every ``HOROVOD_CYCLE_TIME`` ms to
 negotiate ready tensors) shares the cores that run the ranks' compute.
-``horovod_airflow.trainer.runtime.setup_runtime`` therefore sets a 10 ms cycle on CPU unless ``HOROVOD_CYCLE_TIME`` is already set. This
-benchmark measures that choice: in one invocation it alternates trainer runs (``horovodrun
--np N``, same data, same seed, trainer defaults otherwise) with ``HOROVOD_CYCLE_TIME`` set to
-each value under test, and reports rank 0's training samples/s (from the trainer's epoch
-event) as the median of the repeats. Alternating spreads slow spells of a shared machine
-over every setting instead of one.
+``horovod_airflow.trainer.runtime.setup_runtime`` therefore sets a 10 ms cycle on CPU unless
+``HOROVOD_CYCLE_TIME`` is already set. This benchmark measures that choice: in one invocation
+it alternates trainer runs (``horovodrun -np N``, same data, same seed, trainer defaults
+otherwise) with ``HOROVOD_CYCLE_TIME`` set to each value under test, and reports rank 0's
+training samples/s (from the trainer's epoch event) as the median of the repeats. Alternating
+spreads slow spells of a shared machine over every setting instead of one.
 
 Run from the repository root (~6 minutes on 2 cores)::
 

@@ -12,7 +12,7 @@ type.
 ========================  ===================================  =================================
 file                      format (``Schema``)                  written by → read by
 ========================  ===================================  =================================
-``metrics.json``          ``horovod-airflow/metrics-v1``       training program → train operator,
+``metrics.json``          ``horovod-airflow/metrics-v2``       training program → train operator,
                           (:data:`METRICS`)                    gate, publish, benchmarks
 ``parity.json``           ``horovod-airflow/parity-v1``        exporter → export operator, publish
                           (:data:`PARITY`)
@@ -31,6 +31,11 @@ file                      format (``Schema``)                  written by → re
 (a staged file set)       (:data:`FILESET_FORMAT`,             program and scorer, the next
                           checked by ``horovod_airflow.core.fileset``)  staging's data checks
 ========================  ===================================  =================================
+
+Legacy: a ``metrics.json`` written before per-step curves carries
+``horovod-airflow/metrics-v1`` (:data:`LEGACY_METRICS_FORMAT`): the same keys without
+``steps`` (v2's bounded per-step record, :data:`STEP_SERIES`). It is still read: a later try
+returns that training, and publish draws its per-epoch curves.
 
 Legacy: a staged dataset's or file set's ``manifest.json`` staged before the data checks
 carries ``horovod-airflow/dataset-v1`` or ``fileset-v1`` (:data:`LEGACY_DATASET_FORMAT`,
@@ -116,7 +121,25 @@ EVENT_FINAL_METRICS = "final_metrics"
 EVENT_EXPORTED = "exported"
 #: ``--debug-param-hash``: each rank's hash of its parameters at a step.
 EVENT_PARAM_HASH = "param_hash"
-EVENTS = (EVENT_EPOCH, EVENT_FINAL_METRICS, EVENT_EXPORTED, EVENT_PARAM_HASH)
+#: While training, at least every 30 s (``--progress-seconds``), after the first step and at
+#: each epoch's end: :data:`PROGRESS_FIELDS`. The launchers forward it to the task log and
+#: Airflow's task state (``horovod_airflow.operators.progress``).
+EVENT_PROGRESS = "progress"
+EVENTS = (EVENT_EPOCH, EVENT_FINAL_METRICS, EVENT_EXPORTED, EVENT_PARAM_HASH, EVENT_PROGRESS)
+#: The fields of a progress event: optimizer ``step`` (1-based, over the whole run) of
+#: ``of_steps``, ``epoch`` (1-based) of ``of_epochs``, ``samples_per_sec`` (global, since this
+#: try's first step), ``eta_seconds`` (of the training steps left; evaluation not counted),
+#: ``loss`` (rank 0's mean batch loss since the last event) and ``lr``.
+PROGRESS_FIELDS = (
+    "step",
+    "of_steps",
+    "epoch",
+    "of_epochs",
+    "samples_per_sec",
+    "eta_seconds",
+    "loss",
+    "lr",
+)
 
 
 def event_line(event: str, fields: Mapping[str, Any]) -> str:
@@ -244,9 +267,26 @@ class Schema:
         return document
 
 
+#: ``metrics.json`` before ``steps`` (per-step loss and learning rate); still read.
+LEGACY_METRICS_FORMAT = "horovod-airflow/metrics-v1"
+
+#: v2's ``steps``: a bounded per-step record written by our trainer, one entry every
+#: ``every`` optimizer steps (at most :data:`MAX_STEP_POINTS` entries a run). Lists of equal
+#: length: ``step`` (1-based, over the run), ``epoch`` (fractional: 0.5 = half way through
+#: the first epoch), ``loss`` (rank 0's mean batch loss over the steps since the previous
+#: entry) and ``lr`` (the learning rate of that step). ``from_epoch``: the epoch a resumed try
+#: started after (the steps before it are not in this record).
+STEP_SERIES = Schema(
+    "per-step record (metrics.json 'steps')",
+    "horovod-airflow/steps-v1",
+    required={"every": int, "step": list, "epoch": list, "loss": list, "lr": list},
+    optional={"from_epoch": int},
+)
+MAX_STEP_POINTS = 1000
+
 METRICS = Schema(
     METRICS_NAME,
-    "horovod-airflow/metrics-v1",
+    "horovod-airflow/metrics-v2",
     # The training-program contract asks only for the gate metric (its key is the
     # operator's ``metric_key``); the train operator checks that one.
     required={},
@@ -265,7 +305,9 @@ METRICS = Schema(
         "param_hash": str,
         "train_seconds": NUMBER,
         "artifacts": dict,
+        "steps": dict,  # STEP_SERIES (v2)
     },
+    legacy={LEGACY_METRICS_FORMAT: ()},
 )
 
 PARITY = Schema(

@@ -48,6 +48,7 @@ NOT_RESULT_FIELDS = frozenset(
         "resume_mismatch",
         "cache_dir",
         "log_interval",
+        "progress_seconds",
         "debug_param_hash",
         "target_accuracy",
     )
@@ -304,6 +305,15 @@ class TrainConfig:
         default=50,
         metadata=option(
             "rank 0 logs the training loss every N optimizer steps (0 = never)", DIAG, minimum=0
+        ),
+    )
+    progress_seconds: int = field(
+        default=15,
+        metadata=option(
+            "rank 0 prints a progress event (step, epoch, samples/s, ETA) every N seconds",
+            DIAG,
+            minimum=1,
+            maximum=30,
         ),
     )
     debug_param_hash: bool = field(

@@ -438,13 +438,21 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
         self, context: Context, event: Mapping[str, Any], ref: Mapping[str, Any]
     ) -> dict[str, Any]:
         """Resume after the MPIJob trigger fired (deferrable kubernetes launcher)."""
-        self.finish_deferred(event, ref)
+        self.finish_deferred(event, ref, context)
         return self.collect_result()
 
-    def finish_deferred(self, event: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
-        """After the trigger fired: surface the job's output, clean up, raise on failure."""
+    def finish_deferred(
+        self, event: Mapping[str, Any], ref: Mapping[str, Any], context: Context | None = None
+    ) -> None:
+        """After the trigger fired: surface the job's output (its progress events reach the
+        task state store now: nothing read them while deferred), clean up, raise on failure."""
         secrets = list(self.job_env()[1].values())  # to redact the job's output
         launcher = self.make_launcher()
+        if context is not None:
+            ti = context.get("ti")
+            launcher.journal = JobJournal(
+                context.get("task_state_store"), int(getattr(ti, "try_number", 1) or 1), self.log
+            )
         launcher.finish(dict(ref), dict(event), self.log, secrets=secrets)
 
     def on_kill(self) -> None:

@@ -23,6 +23,7 @@ from horovod_airflow.operators.job import (
     check_uri,
     is_templated,
 )
+from horovod_airflow.operators.links import RegistryLink
 from horovod_airflow.operators.model_registry import asset_event_extra, publish_model, run_version
 from horovod_airflow.operators.retry import with_retry_policy
 
@@ -78,6 +79,7 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
         "decision": "json",
     }
     ui_color = "#dff3e3"
+    operator_extra_links = (RegistryLink(),)
 
     def __init__(
         self,
@@ -126,7 +128,19 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
                 context["outlet_events"][outlet].extra = extra
+        self._lineage = (settings["run_output"], latest.get("dataset_uri") or "", latest["uri"])
         return latest
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (the provider's hook): the run folder and its dataset in, the
+        published version out (nothing when this try published nothing)."""
+        from horovod_airflow.operators.lineage import operator_lineage
+
+        lineage = getattr(self, "_lineage", None)
+        if lineage is None:
+            return operator_lineage([], [])
+        run_output, dataset_uri, version_uri = lineage
+        return operator_lineage([run_output, dataset_uri], [version_uri])
 
     def _rendered_settings(self, context: Context) -> dict[str, Any]:
         """The rendered fields, validated, as :func:`publish_model`'s keyword arguments."""

@@ -26,6 +26,7 @@ from horovod_airflow.operators.exceptions import (
 )
 from horovod_airflow.operators.job import HorovodJobOperatorBase, as_int, is_templated
 from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.operators.links import RunFolderLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -94,6 +95,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         "num_proc",
     )
     template_fields_renderers = {"env": "json", "trainer_args": "json"}  # noqa: RUF012
+    operator_extra_links = (RunFolderLink(),)
 
     def __init__(
         self,
@@ -308,3 +310,9 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         result.update(output=self.output_uri, metrics_uri=metrics_uri, checkpoint_uri=checkpoint)
         self.log.info("metrics: %s", result)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (the provider's hook): the staged dataset in, the run folder out."""
+        from horovod_airflow.operators.lineage import operator_lineage
+
+        return operator_lineage([str(self.data)], [str(self.output_uri)])

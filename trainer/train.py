@@ -36,6 +36,7 @@ from horovod_airflow.core.train_config import TrainConfig, lr_at
 from horovod_airflow.trainer import data
 from horovod_airflow.trainer.errors import RankDivergenceError, ResumeMismatchError, TrainingError
 from horovod_airflow.trainer.model import build_model
+from horovod_airflow.trainer.progress import Progress
 from horovod_airflow.trainer.resume import (
     read_resume_state,
     restore_rng_state,
@@ -200,6 +201,7 @@ def train_one_epoch(
     rt: Runtime,
     world_factor: int,
     on_first_step: Any = None,
+    progress: Progress | None = None,
 ) -> tuple[float, int, float]:
     """One pass over this rank's shard; return (allreduced mean loss, global samples, seconds)."""
     import horovod.torch as hvd
@@ -233,6 +235,9 @@ def train_one_epoch(
             loss_sum += loss.detach().double() * yb.numel()
             seen += yb.numel()
         optimizer.step()  # Horovod: waits for the averaged gradients, then updates
+        if progress is not None:  # rank 0 only: no collective, the loss read when recorded
+            lr = optimizer.param_groups[0]["lr"]
+            progress.step(epoch, step, loss, lr, yb.numel() * k * rt.size, last=step == steps - 1)
         if on_first_step is not None and epoch == 0 and step == 0:
             on_first_step()
         if config.log_interval and step % config.log_interval == 0:
@@ -439,6 +444,13 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     evaluation: dict[str, Any] = {}
     digest = ""
+    progress = Progress(
+        is_primary=rt.is_primary,
+        steps_per_epoch=steps,
+        epochs=config.epochs,
+        start_epoch=start_epoch,
+        interval_s=config.progress_seconds,
+    )
     for epoch in range(start_epoch, config.epochs):
         if target_reached(history, config.target_accuracy):
             # The allreduced accuracy is the same number on every rank: all stop here. Also
@@ -455,6 +467,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             rt,
             world_factor,
             on_first_step=(lambda: print_param_hash(1)) if config.debug_param_hash else None,
+            progress=progress,
         )
         average_buffers(model, epoch)
         eval_start = time.perf_counter()
@@ -529,6 +542,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         "param_hash": digest,
         "train_seconds": time.perf_counter() - started,
         "artifacts": {"checkpoint": ckpt_uri, "metrics": metrics_uri},
+        "steps": progress.record(),
     }
     if rt.is_primary:
         storage.write_text(metrics_uri, METRICS.dumps(metrics))

@@ -53,23 +53,29 @@ class JobResult:
 
 
 class LogTail:
-    """Redacts and forwards each output line to the task log and keeps the last lines."""
+    """Redacts and forwards each output line to the task log and keeps the last lines;
+    ``progress`` (a :class:`~horovod_airflow.operators.progress.ProgressReporter`, or any
+    callable) sees each redacted line after it was logged."""
 
     def __init__(
         self,
         log: Any,
         secrets: Sequence[str] = (),
         keep: int = LOG_TAIL_LINES,
+        progress: Callable[[str], Any] | None = None,
     ) -> None:
         # A stdlib or structlog logger (Airflow's ``self.log``), or any callable.
         self._emit: Callable[[str], Any] = log.info if hasattr(log, "info") else log
         self._secrets = [s for s in secrets if s]
         self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._progress = progress
 
     def __call__(self, line: str) -> None:
         line = redact(line.rstrip("\r\n"), self._secrets)
         self.lines.append(line)
         self._emit(line)
+        if self._progress is not None:
+            self._progress(line)
 
     def tail(self) -> list[str]:
         return list(self.lines)
@@ -225,6 +231,13 @@ class JobJournal:
     def _warn(self, message: str, *args: Any) -> None:
         if self.log is not None:
             self.log.warning(message, *args)
+
+    def output(self, log: Any, secrets: Sequence[str] = ()) -> LogTail:
+        """The :class:`LogTail` a launcher forwards its job's output through: to ``log``, and
+        each progress event of the trainer to the log and the task state store."""
+        from horovod_airflow.operators.progress import ProgressReporter
+
+        return LogTail(log, secrets=secrets, progress=ProgressReporter(self.store, log))
 
 
 def made_by_this_task(found_id: str, found_try: Any, recorded: Mapping[str, Any] | None) -> bool:

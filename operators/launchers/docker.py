@@ -280,7 +280,7 @@ class DockerLauncher(Launcher):
         from docker.errors import DockerException
         from requests.exceptions import RequestException
 
-        out = LogTail(log, secrets=list(spec.secret_env.values()))
+        out = self.journal.output(log, secrets=list(spec.secret_env.values()))
         client = self.client
         exit_code: int | None = None
         timed_out: float | None = None

@@ -47,7 +47,6 @@ from horovod_airflow.operators.launchers.base import (
     JobResult,
     JobSpec,
     Launcher,
-    LogTail,
     end_of_job,
 )
 from horovod_airflow.operators.launchers.local_options import LocalOptions
@@ -386,7 +385,7 @@ class LocalLauncher(Launcher):
                 "(the preflight doctor verified gloo_built in that interpreter)",
                 argv[0],
             )
-        out = LogTail(log, secrets=list(spec.secret_env.values()))
+        out = self.journal.output(log, secrets=list(spec.secret_env.values()))
         timer: threading.Timer | None = None
         try:
             with self._lock:

@@ -40,6 +40,7 @@ from horovod_airflow.operators.model_registry.latest import (
 from horovod_airflow.operators.model_registry.summaries import (
     render_summary,
     render_training_curves,
+    step_series,
 )
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,10 @@ def _copy_version(
         local: dict[str, Path] = {}
         for name, src in sources.items():
             local[name] = storage.download_file(src, Path(tmp) / name, client=client)
-        (Path(tmp) / CURVES_NAME).write_bytes(render_training_curves(metrics.get("history", [])))
+        curves = render_training_curves(
+            metrics.get("history", []), step_series(metrics, metrics_uri)
+        )
+        (Path(tmp) / CURVES_NAME).write_bytes(curves)
         local[CURVES_NAME] = Path(tmp) / CURVES_NAME
         (Path(tmp) / SUMMARY_NAME).write_text(
             render_summary(

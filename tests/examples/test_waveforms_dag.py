@@ -144,7 +144,7 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     prefix = f"models/waveform_cnn/{version}"
     # The example's run files follow the contract: formats and schemas checked as read.
     metrics = contract.METRICS.loads(_get(client, bucket, f"{prefix}/metrics.json"), "metrics")
-    assert metrics["format"] == "horovod-airflow/metrics-v1"
+    assert metrics["format"] == "horovod-airflow/metrics-v2"
     assert metrics["world_size"] == 2 and metrics["val_samples"] == 400
     assert metrics["val_accuracy"] == wave_latest["val_accuracy"] >= 0.6
     parity = contract.PARITY.loads(_get(client, bucket, f"{prefix}/parity.json"), "parity")

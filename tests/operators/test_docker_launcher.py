@@ -399,3 +399,23 @@ def test_a_retry_reattaches_to_a_running_container_and_replaces_an_exited_one(
             "try_number": "2",
             "horovod-airflow/job": "hvd-train-1234",
         }
+
+
+def test_progress_events_reach_the_task_log_and_the_task_state_store():
+    from horovod_airflow.core.contract import EVENT_PROGRESS, event_line
+    from horovod_airflow.operators.launchers.base import JobJournal
+    from horovod_airflow.operators.progress import PROGRESS_STATE_KEY
+    from tests.operators.fakes import TaskStateStore
+
+    fields = {"step": 5, "of_steps": 10, "epoch": 1, "of_epochs": 2, "samples_per_sec": 800.0,
+              "eta_seconds": 65.0, "loss": 0.5, "lr": 0.01}  # fmt: skip
+    line = f"[0]<stdout>:{event_line(EVENT_PROGRESS, fields)}\n".encode()
+    client = FakeDockerClient([b"[0]<stdout>:hello\n", line], {"StatusCode": 0})
+    store, log = TaskStateStore(), LineLog()
+    docker = launcher(client)
+    docker.journal = JobJournal(store, 1, log)
+    docker.run(spec(), log)
+    assert "progress: epoch 1/2, step 5/10 (50.0%), 800 samples/s, ETA 1m05s, loss 0.5000" in (
+        log.lines
+    )
+    assert {k: v for k, v in store[PROGRESS_STATE_KEY].items() if k != "updated_at"} == fields

@@ -1368,3 +1368,50 @@ def test_the_job_a_try_creates_is_recorded_with_its_uid_for_the_next_try():
         "launcher": "kubernetes", "kind": "MPIJob", "name": "hvd-train-1234",
         "namespace": "ml", "id": "uid-123", "try_number": 2,
     }  # fmt: skip
+
+
+def _progress_line(step: int) -> str:
+    from horovod_airflow.core.contract import EVENT_PROGRESS, event_line
+
+    return "[0]<stdout>:" + event_line(
+        EVENT_PROGRESS,
+        {"step": step, "of_steps": 8, "epoch": 1, "of_epochs": 1, "samples_per_sec": 100.0,
+         "eta_seconds": 8.0 - step, "loss": 0.3, "lr": 0.1},
+    )  # fmt: skip
+
+
+def test_progress_followed_while_the_job_runs_reaches_the_task_state_store():
+    from horovod_airflow.operators.launchers.base import JobJournal
+    from horovod_airflow.operators.progress import PROGRESS_STATE_KEY
+    from tests.operators.fakes import TaskStateStore
+
+    hook = FakeHook([RUNNING, SUCCEEDED], log_text=_progress_line(4) + "\n" + _progress_line(8))
+    store, log = TaskStateStore(), LineLog()
+    k8s = launcher(hook)
+    k8s.journal = JobJournal(store, 1, log)
+    k8s.run(spec(), log)
+    assert store[PROGRESS_STATE_KEY]["step"] == 8
+    assert any(line.startswith("progress: epoch 1/1, step 4/8 (50.0%)") for line in log.lines)
+
+
+def test_a_deferred_wait_records_the_jobs_progress_when_the_task_resumes(s3_server):
+    from horovod_airflow.operators.progress import PROGRESS_STATE_KEY
+    from tests.operators.fakes import TaskStateStore
+
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="out/metrics.json",
+                                  Body=METRICS.dumps({"val_accuracy": 0.9}).encode())  # fmt: skip
+    op = HorovodTrainOperator(
+        task_id="train", launcher="kubernetes", image="hva/trainer:1", num_proc=2,
+        entrypoint=PROGRAM, data=f"s3://{bucket}/d", output=f"s3://{bucket}/out",
+        kubernetes=KubernetesOptions(deferrable=True, namespace="ml"),
+    )  # fmt: skip
+    hook = FakeHook([SUCCEEDED], log_text=_progress_line(8))
+    store = TaskStateStore()
+    with mock.patch(HOOK, return_value=hook):
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context(store=store))
+        assert PROGRESS_STATE_KEY not in store  # nothing reads the job's output while deferred
+        event = asyncio.run(_events(deferred.value.trigger))[0].payload
+        op.execute_complete(context(store=store), event=event, **deferred.value.kwargs)
+    assert store[PROGRESS_STATE_KEY]["step"] == 8

@@ -12,7 +12,14 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from horovod_airflow.core import contract, storage
-from horovod_airflow.core.contract import LATEST, METRICS, PARITY, ContractError
+from horovod_airflow.core.contract import (
+    LATEST,
+    LEGACY_METRICS_FORMAT,
+    METRICS,
+    PARITY,
+    STEP_SERIES,
+    ContractError,
+)
 from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
 from horovod_airflow.operators.model_registry import (
     decide_gate,
@@ -24,6 +31,7 @@ from horovod_airflow.operators.model_registry import (
     safe_key,
     write_latest,
 )
+from horovod_airflow.operators.model_registry.summaries import accuracy_limits, step_series
 from horovod_airflow.trainer.model import preprocessing
 
 HISTORY = [
@@ -135,6 +143,30 @@ def test_safe_key_of_only_unsafe_characters_is_the_hash():
 def test_training_curves_png():
     png = render_training_curves(HISTORY)
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+
+
+def test_accuracy_axis_stays_within_0_and_100_percent_and_holds_one_epoch():
+    assert accuracy_limits([99.16]) == (98.0, 100.0)  # a one-epoch run: a readable band
+    low, high = accuracy_limits([97.0, 99.1])
+    assert high == 100.0 and low < 97.0
+    assert accuracy_limits([0.5]) == (0.0, 2.0)
+
+
+def test_metrics_v1_still_read_and_drawn_without_steps():
+    legacy = json.dumps({"format": LEGACY_METRICS_FORMAT, "val_accuracy": 0.99, "history": HISTORY})
+    metrics = METRICS.loads(legacy, "old/metrics.json")
+    assert step_series(metrics) is None
+    assert render_training_curves(metrics["history"], None).startswith(b"\x89PNG")
+
+
+def test_a_malformed_step_record_is_refused_naming_it():
+    steps = STEP_SERIES.stamp({"every": 1, "step": [1, 2], "epoch": [0.5], "loss": [1.0, 0.9],
+                               "lr": [0.1, 0.1]})  # fmt: skip
+    with pytest.raises(ContractError, match=r"'steps'.*equal lengths.*'epoch': 1"):
+        step_series({"steps": steps}, "run/metrics.json")
+    with pytest.raises(ContractError, match=r"'steps'.*lacks 'lr'"):
+        step_series({"steps": {"format": STEP_SERIES.format, "every": 1, "step": [],
+                               "epoch": [], "loss": []}})  # fmt: skip
 
 
 def _fake_run(s3_server, bucket: str, accuracy: float) -> tuple[str, str, str]:

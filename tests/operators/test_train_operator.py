@@ -274,13 +274,14 @@ def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
         ),
         (
             '{"val_accuracy": 0.9}',
-            "metrics.json has no 'format'; supported: horovod-airflow/metrics-v1.*"
+            "metrics.json has no 'format'; supported: horovod-airflow/metrics-v2, "
+            "horovod-airflow/metrics-v1.*"
             "training-program contract",
         ),
         (
             '{"format": "horovod-airflow/metrics-v0", "val_accuracy": 0.9}',
             "metrics.json has format 'horovod-airflow/metrics-v0'; "
-            "supported: horovod-airflow/metrics-v1",
+            "supported: horovod-airflow/metrics-v2, horovod-airflow/metrics-v1",
         ),
     ],
 )

@@ -81,7 +81,7 @@ def test_ranks_hold_identical_parameters_after_broadcast_and_first_step(tiny_run
 
 def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Path) -> None:
     metrics = tiny_run.metrics
-    assert METRICS.check(metrics, "metrics.json")["format"] == "horovod-airflow/metrics-v1"
+    assert METRICS.check(metrics, "metrics.json")["format"] == "horovod-airflow/metrics-v2"
     for key in (
         "val_accuracy", "val_loss", "val_correct", "val_samples", "epochs", "world_size",
         "history", "config", "dataset", "versions", "param_hash", "train_seconds", "artifacts",
@@ -116,6 +116,13 @@ def test_metrics_contract_and_final_stdout_line(tiny_run: Run, staged_subset: Pa
         "val_correct": metrics["val_correct"],
         "val_samples": VAL_SAMPLES,
     }
+
+    # v2: every one of the 4 steps recorded (a short run keeps them all); progress after the
+    # first step and at the epoch's end, from rank 0 alone
+    assert metrics["steps"]["every"] == 1 and metrics["steps"]["step"] == [1, 2, 3, 4]
+    assert len(metrics["steps"]["loss"]) == 4 and all(v > 0 for v in metrics["steps"]["loss"])
+    progress = events(tiny_run.proc.stdout, "progress")
+    assert [e["step"] for e in progress] == [1, 4] and progress[-1]["of_steps"] == 4
 
 
 def test_dataset_is_verified_into_the_node_cache_once(tiny_run: Run, staged_subset: Path) -> None:

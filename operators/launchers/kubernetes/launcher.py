@@ -254,7 +254,7 @@ class KubernetesLauncher(Launcher):
 
     def run(self, spec: JobSpec, log: Any) -> JobResult:
         ref = self.submit(spec, log)
-        out = LogTail(log, secrets=list(spec.secret_env.values()))
+        out = self.journal.output(log, secrets=list(spec.secret_env.values()))
         follower = self.launcher_log(ref, out, log)
         follower.start()  # the launcher pod's lines reach the task log as they come
         try:
@@ -321,7 +321,7 @@ class KubernetesLauncher(Launcher):
         """Surface the rest of the launcher log (all of it when it was not followed, as after
         a deferral: nothing follows it while the task is deferred), apply the cleanup policy,
         raise unless it succeeded."""
-        out = out or LogTail(log, secrets=secrets)
+        out = out or self.journal.output(log, secrets=secrets)
         reader = follower or self.launcher_log(ref, out, log)
         try:
             reader.stop()  # the job has ended: its launcher's stream ends too
