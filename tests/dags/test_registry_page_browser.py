@@ -8,8 +8,8 @@ refused run's reason, has no buttons, and a promote sent with a viewer's session
 (403) with ``latest.json`` unchanged. An admin rolls back from the page to V1, below the
 deployment floor (set between the two): refused (409) without an override reason, nothing
 changed; with one, ``latest.json`` changes by compare-and-swap, the move is recorded with who,
-why and the override, and the serving DAG runs on the Asset event and serves V1. The page's screenshot is saved in the
-test's folder, and into docs/ with ``HVA_UPDATE_DOCS_SCREENSHOTS=1``.
+why and the override, and the serving DAG runs on the Asset event and serves V1. The page's
+screenshot is saved in the test's folder, and into docs/ with ``HVA_UPDATE_DOCS_SCREENSHOTS=1``.
 """
 
 from __future__ import annotations
