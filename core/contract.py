@@ -20,8 +20,10 @@ file                      format (``Schema``)                  written by → re
                           (:data:`GATE`)
 ``manifest.json``         ``horovod-airflow/version-v2``       publish → publish (retry), serving
 (a published version)     (:data:`VERSION_MANIFEST`)
-``latest.json``           ``horovod-airflow/latest-v2``        publish → gate, serving, DAGs
-                          (:data:`LATEST`)
+``latest.json``           ``horovod-airflow/latest-v3``        publish, promote → gate, serving,
+                          (:data:`LATEST`)                     DAGs, the registry page
+``history/<stamp>.json``  ``horovod-airflow/promotion-v1``     promote/roll back → the registry
+(a model's history)       (:data:`PROMOTION`)                  page, people
 ``manifest.json``         ``horovod-airflow/dataset-v2``       staging → trainer, gate re-scoring,
 (a staged dataset)        (:data:`DATASET_FORMAT`,             the next staging's data checks
                           checked by ``horovod_airflow.core.layout``)
@@ -41,6 +43,10 @@ carries ``horovod-airflow/dataset-v1`` or ``fileset-v1`` (:data:`LEGACY_DATASET_
 :data:`LEGACY_FILESET_FORMAT`): the same files, without the per-file statistics (classes,
 duplicates, dtype) that v2 adds. They are still read: the ranks train on them, and the next
 staging compares what such a manifest has (sample counts and shapes).
+
+Legacy: a ``latest.json`` of ``horovod-airflow/latest-v2`` (written before promote and roll
+back) lacks ``since`` and ``promotion``; it is still read (and is what serving followed since
+its ``published_at``).
 
 Legacy: a published version's ``manifest.json`` and the registry's ``latest.json`` written
 before this contract carry ``horovod-airflow/model-v1``. They are still *read* (so the gate
@@ -75,6 +81,7 @@ VERSION_MANIFEST_NAME = "manifest.json"  # a published version's files, sha256 a
 LATEST_NAME = "latest.json"  # the registry's pointer to the version serving uses
 CURVES_NAME = "training_curves.png"  # a published version's loss and accuracy curves
 SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
+HISTORY_DIR = "history"  # models/<model>/history/: one PROMOTION document per move
 MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
 
 # --- formats that are not JSON documents checked here -----------------------------------------
@@ -373,9 +380,12 @@ VERSION_MANIFEST = Schema(
     legacy={LEGACY_MODEL_FORMAT: ("preprocessing",)},
 )
 
+#: ``latest.json`` before promote / roll back (no ``since``, no ``promotion``); still read.
+LEGACY_LATEST_FORMAT = "horovod-airflow/latest-v2"
+
 LATEST = Schema(
     LATEST_NAME,
-    "horovod-airflow/latest-v2",
+    "horovod-airflow/latest-v3",
     required={
         "model": str,
         "version": str,
@@ -390,8 +400,30 @@ LATEST = Schema(
         "dataset_content_hash": str,
         "dag_run_id": str,
         "published_at": str,
+        # v3: when latest.json started naming this version (a publish or a promotion), and
+        # for a promotion or roll back, who moved it, why, and whether an admin override
+        # allowed it (the PROMOTION document of the move, less the versions).
+        "since": str,
+        "promotion": dict,
     },
-    legacy={LEGACY_MODEL_FORMAT: ()},
+    legacy={LEGACY_LATEST_FORMAT: (), LEGACY_MODEL_FORMAT: ()},
+)
+
+#: One move of ``latest.json`` by hand (promote / roll back), ``models/<model>/history/``.
+PROMOTION = Schema(
+    "promotion record",
+    "horovod-airflow/promotion-v1",
+    required={
+        "model": str,
+        "version": str,  # the version latest.json names after the move
+        "previous_version": (str, type(None)),
+        "action": str,  # "rollback" (to an older version) or "promote" (to a newer one)
+        "actor": str,  # who: the Airflow user, or the CLI's --actor
+        "reason": str,
+        "override": bool,  # an admin override allowed what the rules refuse
+        "at": str,
+    },
+    optional={"override_reason": str, "checks": list, "asset_event": str},
 )
 
 PREPROCESSING = Schema(

@@ -33,9 +33,11 @@ COPY --chown=50000:0 docker/check_docker_launcher.py /opt/hva/bin/check_docker_l
 # where (operators/staging.py; in a checkout it is <repo>/data/mnist).
 COPY --chown=50000:0 data/mnist/ /opt/hva/data/mnist/
 COPY --chown=50000:0 dags/ /opt/airflow/dags/
+# The model registry page (operators/registry_plugin.py), loaded from the plugins folder.
+COPY --chown=50000:0 docker/airflow-plugins/ /opt/airflow/plugins/
 ENV PYTHONPATH=/opt/hva \
     HVA_VENDORED_MNIST=/opt/hva/data/mnist
 
-RUN python -c "import horovod_airflow.operators, horovod_airflow.core.contract, horovod_airflow.core.layout, horovod_airflow.core.fileset, horovod_airflow.core.train_config" \
+RUN python -c "import horovod_airflow.operators.registry_plugin, horovod_airflow.operators, horovod_airflow.core.contract, horovod_airflow.core.layout, horovod_airflow.core.fileset, horovod_airflow.core.train_config" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('horovod_airflow.trainer') is not None)" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"

@@ -76,7 +76,11 @@ def test_types_are_checked_and_a_bool_is_not_a_number():
 
 
 def test_legacy_registry_documents_are_read_and_may_lack_preprocessing():
-    assert LATEST.supported == ("horovod-airflow/latest-v2", contract.LEGACY_MODEL_FORMAT)
+    assert LATEST.supported == (
+        "horovod-airflow/latest-v3",
+        contract.LEGACY_LATEST_FORMAT,
+        contract.LEGACY_MODEL_FORMAT,
+    )
     manifest = {"model": "m", "version": "v", "files": {}, "dataset": {}, "metrics": {},
                 "gate": {}, "source_run": "r", "dag_run_id": "d", "published_at": "t"}  # fmt: skip
     VERSION_MANIFEST.check({"format": contract.LEGACY_MODEL_FORMAT, **manifest}, "old")

@@ -131,6 +131,7 @@ def _latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -
         "dataset_content_hash": manifest["dataset"].get("content_hash"),
         "dag_run_id": manifest["dag_run_id"],
         "published_at": manifest["published_at"],
+        "since": manifest["published_at"],  # a publish serves its version from its copy
     }
 
 

@@ -1057,3 +1057,26 @@ def test_docker_launcher_check_needs_the_trainer_image_name() -> None:
         timeout=60,
     )
     assert run.returncode == 1 and "HVA_TRAINER_IMAGE is not set" in run.stderr
+
+
+def test_the_airflow_image_loads_the_registry_page_plugin() -> None:
+    """The image puts our packages on PYTHONPATH (no wheel, so no ``airflow.plugins`` entry
+    point): what it copies into Airflow's plugins folder must load the registry plugin with
+    Airflow's own plugins-folder loader."""
+    from airflow._shared.plugins_manager.plugins_manager import (
+        _load_plugins_from_plugin_directory,
+    )
+
+    dockerfile = DOCKER_DIR / "airflow.Dockerfile"
+    folders = [
+        sources
+        for _, keyword, args in dockerfile_instructions(dockerfile)
+        if keyword == "COPY" and args.split()[-1].rstrip("/") == "/opt/airflow/plugins"
+        for sources in copy_sources(args) or []
+    ]
+    assert folders, f"{dockerfile.name} copies nothing into /opt/airflow/plugins"
+    for folder in folders:
+        plugins, errors = _load_plugins_from_plugin_directory(plugins_folder=str(REPO / folder))
+        assert errors == {}, errors
+        assert [p.name for p in plugins] == ["horovod_airflow_registry"]
+        assert plugins[0].fastapi_apps[0]["url_prefix"] == "/horovod-registry"

@@ -496,7 +496,10 @@ def test_a_latest_json_of_an_unknown_format_is_refused_by_every_reader(s3_server
         read_champion(f"s3://{bucket}", "mnist_cnn", client=client)
     message = str(refused.value)
     assert uri in message and "'horovod-airflow/latest-v9'" in message
-    assert "supported: horovod-airflow/latest-v2, horovod-airflow/model-v1" in message
+    assert (
+        "supported: horovod-airflow/latest-v3, horovod-airflow/latest-v2, horovod-airflow/model-v1"
+        in message
+    )
 
 
 def test_a_legacy_latest_json_is_read_and_a_new_publish_replaces_it(s3_server):

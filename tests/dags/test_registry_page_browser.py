@@ -1,0 +1,217 @@
+"""The registry page as people use it: ``airflow standalone`` (API server with the plugin
+loaded from the package's entry point, scheduler, DAG processor) on the serving DAG, the real
+S3 server, and a real browser (Debian's headless chromium through selenium).
+
+Two real (nearest-centroid ONNX) models are published through the registry and a run the
+gate refused leaves its ``gate.json``. A viewer sees every version with its figures and the
+refused run's reason, has no buttons, and a promote sent with a viewer's session is refused
+(403) with ``latest.json`` unchanged. An admin rolls back from the page to V1, below the
+deployment floor (set between the two): refused (409) without an override reason, nothing
+changed; with one, ``latest.json`` changes by compare-and-swap, the move is recorded with who,
+why and the override, and the serving DAG runs on the Asset event and serves V1. The page's
+screenshot is saved in the test's folder, and into docs/ with ``HVA_UPDATE_DOCS_SCREENSHOTS=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from horovod_airflow.core import layout, storage
+from horovod_airflow.core.contract import GATE
+from horovod_airflow.operators.model_registry import read_latest
+from horovod_airflow.operators.model_registry.promote import list_versions, read_history
+from horovod_airflow.operators.staging import stage_dataset
+from tests.conftest import REPO
+from tests.operators.helpers import publish_centroid_model
+from tests.stack.test_trigger_form_browser import CHROMEDRIVER, CHROMIUM, ensure_browser
+from tests.standalone import Standalone
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SERVE = "mnist_serve_latest_model"
+V1 = "v20261201T000000Z-aaaaaaaaaaaa"
+V2 = "v20261202T000000Z-bbbbbbbbbbbb"
+PAGE = "/horovod-registry/"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    ensure_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not fetch a browser or driver
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1500,1100"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(10)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _registry(s3_server, mnist_subset) -> str:
+    """V1 (trained on a tenth of the images) and V2 (all of them) published, one refused run."""
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket("registry-ui")
+    info = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3)
+    files = layout.find_source_files(mnist_subset)
+    images, labels = (layout.read_idx(files[("train", k)]) for k in ("images", "labels"))
+    test = tuple(layout.read_idx(files[("test", k)]) for k in ("images", "labels"))
+    publish_centroid_model(s3, bucket, info, (images[:200], labels[:200]), test, version=V1,
+                           dag_run_id="manual__v1")  # fmt: skip
+    publish_centroid_model(s3, bucket, info, (images, labels), test, version=V2,
+                           dag_run_id="manual__v2")  # fmt: skip
+    refused = {"passed": False, "reason": "below the floor 98.0000%", "challenger_accuracy": 0.5,
+               "min_accuracy": 0.98, "max_regression": 0.01}  # fmt: skip
+    storage.write_text(f"s3://{bucket}/runs/mnist_horovod_retrain/manual__x/gate.json",
+                       GATE.dumps(refused), client=s3)  # fmt: skip
+    return bucket
+
+
+def _token(airflow: Standalone, user: str) -> str:
+    passwords = json.loads(
+        (airflow.home / "simple_auth_manager_passwords.json.generated").read_text()
+    )
+    answer = airflow._request(
+        "POST", "/auth/token", {"username": user, "password": passwords[user]}
+    )
+    return str(answer["access_token"])
+
+
+def _sign_in(driver: Any, airflow: Standalone, user: str) -> None:
+    driver.get(airflow.base + "/api/v2/version")  # the origin, to set its cookie
+    driver.delete_all_cookies()
+    driver.add_cookie({"name": "_token", "value": _token(airflow, user), "path": "/"})
+    driver.get(airflow.base + PAGE)
+
+
+def _promote_as(driver: Any, version: str) -> tuple[int, dict]:
+    """POST the promote API from the page with the signed-in user's session (the cookie)."""
+    answer = driver.execute_async_script(
+        """const done = arguments[arguments.length - 1];
+        fetch('/horovod-registry/api/promote', {method: 'POST', credentials: 'same-origin',
+          headers: {'Content-Type': 'application/json'},
+          body: JSON.stringify({model: 'mnist_cnn', version: arguments[0], reason: 'try'})})
+        .then(async r => done([r.status, await r.json()]));""",
+        version,
+    )
+    return int(answer[0]), answer[1]
+
+
+def _message(driver: Any, containing: str) -> str | None:
+    from selenium.webdriver.common.by import By
+
+    text = str(driver.find_element(By.ID, "message").text)
+    return text if containing in text else None
+
+
+def test_the_registry_page_lists_versions_refuses_a_viewer_and_rolls_back(
+    s3_server, mnist_subset, tmp_path, browser
+):
+    from selenium.webdriver.common.by import By
+
+    bucket = _registry(s3_server, mnist_subset)
+    bucket_uri, s3 = f"s3://{bucket}", s3_server.client()
+    manifests = {m["version"]: m for m in list_versions(bucket_uri, "mnist_cnn", client=s3)}
+    # The deployment floor between the two: rolling back to V1 crosses it (an admin override).
+    low, high = (manifests[v]["metrics"]["val_accuracy"] for v in (V1, V2))
+    assert low < high, (low, high)  # the centroids of all images beat those of a tenth
+    floor = (low + high) / 2
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(REPO / "dags" / "serve_latest_model.py", dags)
+    env = {"HVA_BUCKET": bucket, "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           "HVA_MIN_ACCURACY_FLOOR": repr(floor)}  # fmt: skip
+    airflow = Standalone(tmp_path / "home", dags, s3_server, tmp_path / "sa.log", env)
+    try:
+        airflow.wait("the serving DAG parsed", lambda: airflow.call("GET", f"/api/v2/dags/{SERVE}"),
+                     300)  # fmt: skip
+        plugins = airflow.call("GET", "/api/v2/plugins")["plugins"]
+        (ours,) = [p for p in plugins if p["name"] == "horovod_airflow_registry"]
+        assert ours["external_views"][0]["href"] == PAGE, ours
+
+        # A viewer: every version with its figures, the refused run, no buttons; refused.
+        _sign_in(browser, airflow, "viewer")
+        rows = browser.find_elements(By.CSS_SELECTOR, "tr.version")
+        assert [r.get_attribute("data-version") for r in rows] == [V2, V1]
+        for row in rows:
+            manifest = manifests[row.get_attribute("data-version")]
+            accuracy = row.find_element(By.CSS_SELECTOR, "td.accuracy").text
+            assert accuracy == f"{100 * manifest['metrics']['val_accuracy']:.2f} %"
+            assert manifest["dataset"]["uri"] in row.text and "manual__v" in row.text
+            assert row.find_element(By.CSS_SELECTOR, "td.gate").text.startswith("passed")
+        assert "latest: " + V2 in browser.find_element(By.CSS_SELECTOR, "p.latest").text
+        assert (
+            "below the floor 98.0000%"
+            in browser.find_element(By.CSS_SELECTOR, "table.refused").text
+        )
+        assert browser.find_elements(By.CSS_SELECTOR, "button.move") == []
+        before = read_latest(bucket_uri, "mnist_cnn", client=s3)
+        status, body = _promote_as(browser, V1)
+        assert status == 403 and "viewer may not move" in body["detail"], body
+        assert read_latest(bucket_uri, "mnist_cnn", client=s3) == before
+        assert read_history(bucket_uri, "mnist_cnn", client=s3) == []
+
+        # An admin rolls back from the page: V1 is below the floor, refused without an
+        # override reason; with one, latest.json moves and serving serves V1 on the event.
+        _sign_in(browser, airflow, "admin")
+        browser.find_element(By.CSS_SELECTOR, "input.reason").send_keys("V2 fails on sevens")
+        button = browser.find_element(By.CSS_SELECTOR, f"button.move[data-version='{V1}']")
+        button.click()
+        message = airflow.wait("the page's refusal", lambda: _message(browser, "refused"), 60)
+        assert "refused (409)" in message and "below the deployment floor" in message, message
+        assert "needs an override reason" in message, message
+        assert read_latest(bucket_uri, "mnist_cnn", client=s3) == before
+        browser.find_element(By.CSS_SELECTOR, "input.override").send_keys("incident 7")
+        button.click()
+        message = airflow.wait("the page's answer", lambda: _message(browser, "now names"), 60)
+        assert message == f"latest.json now names {V1} (reload to see it)", message
+        latest, _ = read_latest(bucket_uri, "mnist_cnn", client=s3)
+        assert latest["version"] == V1 and latest["promotion"]["actor"] == "admin"
+        assert latest["promotion"]["action"] == "rollback"
+        assert latest["promotion"]["reason"] == "V2 fails on sevens"
+        assert latest["promotion"]["override"] is True
+        assert latest["promotion"]["override_reason"] == "incident 7"
+        (record,) = read_history(bucket_uri, "mnist_cnn", client=s3)
+        assert record["previous_version"] == V2
+
+        def served() -> Any:
+            runs = airflow.call("GET", f"/api/v2/dags/{SERVE}/dagRuns")["dag_runs"]
+            done = [r for r in runs if r["run_type"] == "asset_triggered"]
+            return done if done and done[0]["state"] in ("success", "failed") else None
+
+        (run,) = airflow.wait("the serving run on the event", served, 300)
+        assert run["state"] == "success", airflow.log_tail()
+        xcom = airflow.call(
+            "GET", f"/api/v2/dags/{SERVE}/dagRuns/{run['dag_run_id']}/taskInstances/"
+            "smoke_test_latest/xcomEntries/return_value",
+        )  # fmt: skip
+        value = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+        assert value["version"] == V1 and value["source"] == "asset event", value
+        browser.get(airflow.base + PAGE)
+        assert "rollback by admin: V2 fails on sevens" in browser.find_element(
+            By.CSS_SELECTOR, "p.latest").text  # fmt: skip
+        assert "(admin override: incident 7)" in browser.find_element(
+            By.CSS_SELECTOR, "p.latest").text  # fmt: skip
+        shot = tmp_path / "registry_page.png"
+        browser.save_screenshot(str(shot))
+        if os.environ.get("HVA_UPDATE_DOCS_SCREENSHOTS") == "1":
+            shutil.copy(shot, REPO / "docs" / "registry_page.png")
+    finally:
+        airflow.stop()
+    assert Path(shot).stat().st_size > 10_000
