@@ -44,7 +44,7 @@ from horovod_airflow.operators.model_registry.latest import (
     read_latest,
     write_latest,
 )
-from horovod_airflow.operators.model_registry.publish import _DUE
+from horovod_airflow.operators.model_registry.publish import _DUE, latest_document
 
 log = logging.getLogger(__name__)
 
@@ -225,17 +225,7 @@ def promote_version(
     prefix = version_prefix(bucket_uri, model_name, version)
     latest = LATEST.stamp(
         {
-            "model": model_name,
-            "version": version,
-            "uri": prefix,
-            "manifest_uri": storage.join(prefix, VERSION_MANIFEST_NAME),
-            "onnx_uri": manifest["files"][ONNX_NAME]["uri"],
-            "onnx_sha256": manifest["files"][ONNX_NAME]["sha256"],
-            "val_accuracy": manifest["metrics"]["val_accuracy"],
-            "dataset_uri": manifest["dataset"].get("uri"),
-            "dataset_content_hash": manifest["dataset"].get("content_hash"),
-            "dag_run_id": manifest["dag_run_id"],
-            "published_at": manifest["published_at"],
+            **latest_document(manifest, storage.join(prefix, VERSION_MANIFEST_NAME), prefix),
             "since": at,
             "promotion": {k: v for k, v in record.items() if k != "format"},
         }

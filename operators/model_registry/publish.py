@@ -116,7 +116,7 @@ def check_forward(
         )
 
 
-def _latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -> dict[str, Any]:
+def latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) -> dict[str, Any]:
     """What ``latest.json`` says about a published version, all of it from its manifest."""
     return {
         "format": LATEST.format,
@@ -225,7 +225,7 @@ def publish_model(
         )
         storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
 
-    latest = _latest_document(manifest, manifest_uri, prefix)
+    latest = latest_document(manifest, manifest_uri, prefix)
     # Last, and only over the champion the gate compared against: readers following
     # latest.json only ever see a complete version, and a concurrent publish is never lost.
     try:
