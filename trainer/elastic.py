@@ -132,9 +132,9 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
         build_training_model,
         check_ranks_agree,
         evaluate_distributed,
+        metrics_document,
         stop_reason,
         target_reached,
-        versions,
     )
 
     started = time.perf_counter()
@@ -382,27 +382,18 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
     digest = evaluation.pop("param_hash")
     history = state.history
     metrics = {
-        "format": METRICS.format,
-        **evaluation,
-        "epochs": len(history),
-        "stopped_at_target": target_reached(history, config.target_accuracy)
-        and len(history) < config.epochs,
-        "world_size": world,
-        "history": history,
-        "config": config.to_dict(),
-        "runtime": {
-            "device": rt.device,
-            "threads_per_rank": rt.threads,
-            "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "horovod default"),
-            "precision": rt.precision,
-            "channels_last": rt.channels_last,
-            "precision_reason": rt.precision_reason,
-        },
-        "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
-        "versions": versions(),
-        "param_hash": digest,
-        "train_seconds": time.perf_counter() - started,
-        "artifacts": {"checkpoint": ckpt_uri, "metrics": metrics_uri},
+        **metrics_document(
+            config,
+            rt,
+            evaluation,
+            history,
+            world_size=world,
+            dataset=dataset,
+            digest=digest,
+            started=started,
+            ckpt_uri=ckpt_uri,
+            metrics_uri=metrics_uri,
+        ),
         "elastic": {
             "commit_every": config.elastic_commit_every,
             "world_history": state.worlds,

@@ -343,6 +343,47 @@ def stop_reason(history: list[dict[str, Any]], config: TrainConfig) -> str:
     )
 
 
+def metrics_document(
+    config: TrainConfig,
+    rt: Runtime,
+    evaluation: dict[str, Any],
+    history: list[dict[str, Any]],
+    *,
+    world_size: int,
+    dataset: data.LocalDataset,
+    digest: str,
+    started: float,
+    ckpt_uri: str,
+    metrics_uri: str,
+) -> dict[str, Any]:
+    """The ``metrics.json`` a run writes at its end (the fixed and elastic loops alike; each
+    adds its own record, ``steps`` or ``elastic``): the final allreduced evaluation, the epoch
+    history, the settings, what the rank resolved, the dataset, versions and artifacts."""
+    return {
+        "format": METRICS.format,
+        **evaluation,
+        "epochs": len(history),
+        "stopped_at_target": target_reached(history, config.target_accuracy)
+        and len(history) < config.epochs,
+        "world_size": world_size,
+        "history": history,
+        "config": config.to_dict(),
+        "runtime": {
+            "device": rt.device,
+            "threads_per_rank": rt.threads,
+            "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "horovod default"),
+            "precision": rt.precision,
+            "channels_last": rt.channels_last,
+            "precision_reason": rt.precision_reason,
+        },
+        "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
+        "versions": versions(),
+        "param_hash": digest,
+        "train_seconds": time.perf_counter() - started,
+        "artifacts": {"checkpoint": ckpt_uri, "metrics": metrics_uri},
+    }
+
+
 def run(config: TrainConfig) -> dict[str, Any]:
     """Train on every rank; on rank 0 write checkpoint.pt each epoch and metrics.json at the end.
 
@@ -525,29 +566,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
         digest = check_ranks_agree(model, rt, "after resuming a finished run")
 
     metrics = {
-        "format": METRICS.format,
-        **evaluation,
-        "epochs": len(history),
-        "stopped_at_target": target_reached(history, config.target_accuracy)
-        and len(history) < config.epochs,
-        "world_size": rt.size,
-        "history": history,
-        "config": config.to_dict(),
-        "runtime": {
-            "device": rt.device,
-            "threads_per_rank": rt.threads,
-            "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME", "horovod default"),
-            "precision": rt.precision,
-            "channels_last": rt.channels_last,
-            "precision_reason": rt.precision_reason,
-        },
-        "dataset": {"uri": config.data, "content_hash": dataset.content_hash},
-        "versions": versions(),
-        "param_hash": digest,
-        "train_seconds": time.perf_counter() - started,
-        "artifacts": {"checkpoint": ckpt_uri, "metrics": metrics_uri},
+        **metrics_document(
+            config, rt, evaluation, history, world_size=rt.size, dataset=dataset,
+            digest=digest, started=started, ckpt_uri=ckpt_uri, metrics_uri=metrics_uri,
+        ),
         "steps": progress.record(),
-    }
+    }  # fmt: skip
     if rt.is_primary:
         storage.write_text(metrics_uri, METRICS.dumps(metrics))
         final = {k: metrics[k] for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
