@@ -28,9 +28,9 @@ from horovod_airflow.core.contract import GATE
 from horovod_airflow.operators.model_registry import read_latest
 from horovod_airflow.operators.model_registry.promote import list_versions, read_history
 from horovod_airflow.operators.staging import stage_dataset
+from tests.browser import headless_chromium
 from tests.conftest import REPO
 from tests.operators.helpers import publish_centroid_model
-from tests.stack.test_trigger_form_browser import CHROMEDRIVER, CHROMIUM, ensure_browser
 from tests.standalone import Standalone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -43,23 +43,8 @@ PAGE = "/horovod-registry/"
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    ensure_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not fetch a browser or driver
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1500,1100"):  # fmt: skip
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(10)
-    try:
+    with headless_chromium(window="1500,1100", implicit_wait=10) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _registry(s3_server, mnist_subset) -> str:

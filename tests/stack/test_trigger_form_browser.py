@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser import headless_chromium
 from tests.conftest import REPO
 from tests.engine_scripts import BUILD_TIMEOUT
 from tests.stack.conftest import Stack, load_stack_smoke
@@ -28,45 +28,13 @@ from tests.stack.conftest import Stack, load_stack_smoke
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 2400)]
 
 DAG_ID = "mnist_horovod_retrain"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 DOCS = REPO / "docs"
-
-
-def ensure_browser() -> None:
-    """Debian's chromium and chromium-driver, installed with apt-get where missing."""
-    if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium and chromium-driver are missing and cannot be installed here")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]
-    if subprocess.run(install, capture_output=True, env=env).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
-        done = subprocess.run(install, capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            pytest.skip(f"apt-get install chromium chromium-driver failed: {done.stderr[-500:]}")
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    ensure_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not fetch a browser or driver
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1400,1000"):  # fmt: skip
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(15)
-    try:
+    with headless_chromium(window="1400,1000", implicit_wait=15) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 class TriggerForm:
