@@ -10,4 +10,7 @@ Horovod rank and a user's own training program can all import this package:
 - :mod:`horovod_airflow.core.fileset` — a staged set of any other files.
 - :mod:`horovod_airflow.core.train_config` — the built-in trainer's options, declared once:
   the rank builds its ``TrainConfig`` from them, the Airflow side its trigger-form Params.
+- :mod:`horovod_airflow.core.startup_savings` — the measured start-up savings (no interpreter
+  teardown, horovodrun without its Gloo probe, the interpreter fingerprint of a remembered
+  doctor pass), in one place.
 """

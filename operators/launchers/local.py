@@ -30,6 +30,10 @@ from typing import Any
 
 import psutil
 
+from horovod_airflow.core.startup_savings import (
+    HOROVODRUN_WITHOUT_GLOO_PROBE,
+    INTERPRETER_FINGERPRINT,
+)
 from horovod_airflow.operators.command import (
     HOROVODRUN,
     RANK_ENV_FILE_VAR,
@@ -67,34 +71,6 @@ PREFLIGHT_CACHE_VAR = "HVA_PREFLIGHT_CACHE"
 DEFAULT_PREFLIGHT_CACHE = Path.home() / ".cache" / "horovod-airflow" / "preflight"
 #: Variables that change what the doctor would find (devices, Horovod's own settings).
 _PREFLIGHT_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-# What the doctor's interpreter would import, without importing torch: its real path, the
-# installed versions of torch and horovod, and their package files' sizes and mtimes (a
-# rebuilt or reinstalled wheel changes them). ~50 ms instead of the doctor's seconds.
-_FINGERPRINT_SCRIPT = """
-import importlib.metadata as m, importlib.util as u, json, os, sys
-out = {"python": os.path.realpath(sys.executable), "version": sys.version}
-for name in ("torch", "horovod"):
-    try:
-        spec = u.find_spec(name)
-        st = os.stat(spec.origin)
-        out[name] = [m.version(name), spec.origin, st.st_size, st.st_mtime_ns]
-    except Exception as e:
-        out[name] = repr(e)
-print(json.dumps(out, sort_keys=True))
-"""
-
-# horovodrun --gloo first asks whether Horovod was built with Gloo, in a forked process that
-# imports horovod.torch and so torch: ~2 s of every job's start on 2 cores. When the
-# preflight doctor has just answered that question (``gloo_built: True``) in the very
-# interpreter horovodrun runs in, the launcher starts horovodrun's own entry point in that
-# interpreter with the answer given, instead of asking again. Everything else is horovodrun.
-VERIFIED_GLOO_HOROVODRUN = """\
-import sys
-import horovod.runner.launch as launch
-launch.gloo_built = lambda verbose=False: True  # verified by the preflight doctor
-sys.argv[0] = "horovodrun"
-sys.exit(launch.run_commandline())
-"""
 
 
 def _shebang_interpreter(script: str) -> str | None:
@@ -296,7 +272,7 @@ class LocalLauncher(Launcher):
     ) -> list[str]:
         """The command to start: :meth:`command` (``command`` when already built), or
         horovodrun's entry point run in horovodrun's own interpreter without its Gloo probe
-        (``VERIFIED_GLOO_HOROVODRUN``) when this job's doctor reported ``gloo_built: True``
+        (``HOROVODRUN_WITHOUT_GLOO_PROBE``) when this job's doctor reported ``gloo_built: True``
         for that same interpreter and that same horovodrun."""
         argv = list(command) if command is not None else self.command(spec)
         python = self._doctor_python
@@ -314,12 +290,12 @@ class LocalLauncher(Launcher):
             return argv  # not the horovodrun the doctor checked
         if _shebang_interpreter(horovodrun) != python:
             return argv  # it runs in another interpreter than the doctor's
-        return [python, "-c", VERIFIED_GLOO_HOROVODRUN, *argv[1:]]
+        return [python, "-c", HOROVODRUN_WITHOUT_GLOO_PROBE, *argv[1:]]
 
     def _preflight_cache_file(self, argv: Sequence[str], env: dict[str, str]) -> Path | None:
         """Where a pass of this doctor command in this environment is remembered, or None.
 
-        Keyed by the command, the interpreter's fingerprint (``_FINGERPRINT_SCRIPT``), the
+        Keyed by the command, the interpreter's fingerprint (``INTERPRETER_FINGERPRINT``), the
         device variables, the hostname and the working directory: any change runs the doctor
         again. None (always run it) when the cache is off or the fingerprint cannot be taken.
         """
@@ -328,7 +304,7 @@ class LocalLauncher(Launcher):
             return None
         try:
             done = subprocess.run(
-                [str(argv[0]), "-c", _FINGERPRINT_SCRIPT],
+                [str(argv[0]), "-c", INTERPRETER_FINGERPRINT],
                 capture_output=True,
                 text=True,
                 env=env,

@@ -437,3 +437,17 @@ def test_elastic_commit_quick(tmp_path: Path) -> None:
     # 2,048 samples at 2 x 64 per step: 16 steps, so only N = 5 commits mid-epoch
     assert [r["commit_share"] > 0 for r in elastic] == [False, False, True]
     assert "| --elastic, commit every 20 (default) |" in markdown
+
+
+def test_startup_savings_quick(tmp_path: Path) -> None:
+    from bench import startup_savings
+
+    startup_savings.main(["--quick", "--results-dir", str(tmp_path)])
+    markdown, data = _results(tmp_path, "startup_savings_quick")
+    rows = {r["saving"].split(" (")[0]: r for r in data["savings"]}
+    assert len(data["savings"]) == 4 and len(rows) == 3
+    for r in data["savings"]:
+        assert len(r["plain_s"]) == len(r["with_s"]) == 1 and r["plain_s"][0] > 0
+        assert r["saved_s"] == r["plain_median_s"] - r["with_median_s"]
+        assert str(tmp_path) not in " ".join(r["plain"] + r["saved"])  # no machine paths
+    assert "| horovodrun without its Gloo probe (1 rank) |" in markdown
