@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.datasets import prepare_torchvision_root, stage_local_dataset
 from bench.report import HorovodRun, default_ranks, rank_env, run_horovod, write_results
 
+S = TypeVar("S")
+T = TypeVar("T")
 NP_HELP = "Horovod ranks (default 2; on CUDA one per GPU, ≤ 2)"
 
 
@@ -79,6 +82,40 @@ def write_run(name: str, args: argparse.Namespace, markdown: str, data: dict[str
     :func:`result_name` into ``--results-dir``; the driver's exit code."""
     write_results(result_name(name, args.quick), markdown, data, args.results_dir)
     return 0
+
+
+def alternated(settings: Sequence[S], repeats: int, run: Callable[[S, int], T]) -> dict[S, list[T]]:
+    """``run(setting, repeat)`` for every setting once per repeat, the settings alternated, so
+    that a shared machine's drift spreads over all of them alike; the results per setting."""
+    results: dict[S, list[T]] = {s: [] for s in settings}
+    for i in range(repeats):
+        for s in settings:
+            results[s].append(run(s, i))
+    return results
+
+
+def sweep_data(
+    m: dict[str, Any], args: argparse.Namespace, rates: dict[Any, list[float]], key: str, **per: Any
+) -> dict[str, Any]:
+    """A sweep's results JSON: the machine, the run's size (``--quick``, ``--np``,
+    ``--samples``, ``--repeats``) and one entry per setting (``key``: the setting) with its
+    samples/s per repeat and their median, plus ``per[name](setting)`` for each extra field."""
+    return {
+        "machine": m,
+        "quick": args.quick,
+        "np": args.np,
+        "samples": args.samples,
+        "repeats": args.repeats,
+        "results": [
+            {
+                key: s,
+                "samples_per_sec": [round(v, 1) for v in values],
+                "median": round(statistics.median(values), 1),
+                **{name: field(s) for name, field in per.items()},
+            }
+            for s, values in rates.items()
+        ],
+    }
 
 
 def run_timeout(quick: bool) -> float:

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_driver_arguments, ranks_from, write_run
+from bench.common import add_driver_arguments, alternated, ranks_from, sweep_data, write_run
 from bench.datasets import stage_local_dataset
 from bench.report import json_events, machine, machine_line, md_table, rank_env, run_horovod
 from horovod_airflow.core.contract import EVENT_EPOCH
@@ -103,32 +103,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats must be >= 1 and --samples >= 64 x np, got {args.repeats}, "
                      f"{args.samples}")  # fmt: skip
     m = machine()
-    rates: dict[int | None, list[float]] = {s: [] for s in SETTINGS}
-    shares: dict[int | None, list[float]] = {s: [] for s in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="hva-elastic-bench-") as tmp:
-        for i in range(args.repeats):
-            for s in SETTINGS:
-                rate, share = one_run(Path(tmp), args.np, s, args.samples, f"{s}-{i}")
-                rates[s].append(rate)
-                if share is not None:
-                    shares[s].append(share)
-    data = {
-        "machine": m,
-        "quick": args.quick,
-        "np": args.np,
-        "samples": args.samples,
-        "repeats": args.repeats,
-        "results": [
-            {
-                "commit_every": s,
-                "samples_per_sec": [round(v, 1) for v in rates[s]],
-                "median": round(statistics.median(rates[s]), 1),
-                "commit_share": round(statistics.median(shares[s]), 5) if shares[s] else None,
-                "commit_shares": [round(v, 5) for v in shares[s]],
-            }
-            for s in SETTINGS
-        ],
-    }
+        runs = alternated(
+            SETTINGS,
+            args.repeats,
+            lambda s, i: one_run(Path(tmp), args.np, s, args.samples, f"{s}-{i}"),
+        )
+    shares = {s: [share for _, share in r if share is not None] for s, r in runs.items()}
+    data = sweep_data(
+        m,
+        args,
+        {s: [rate for rate, _ in r] for s, r in runs.items()},
+        "commit_every",
+        commit_share=lambda s: round(statistics.median(shares[s]), 5) if shares[s] else None,
+        commit_shares=lambda s: [round(v, 5) for v in shares[s]],
+    )
     return write_run("elastic_commit", args, render(data), data)
 
 

@@ -19,13 +19,12 @@ Run from the repository root (~6 minutes on 2 cores)::
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_driver_arguments, ranks_from, write_run
+from bench.common import add_driver_arguments, alternated, ranks_from, sweep_data, write_run
 from bench.datasets import stage_local_dataset
 from bench.report import (
     json_events,
@@ -117,28 +116,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cycles takes milliseconds > 0, got {args.cycles}")
 
     m = machine()
-    rates: dict[float, list[float]] = {c: [] for c in args.cycles}
     with tempfile.TemporaryDirectory(prefix="hva-cycle-") as tmp:
-        for i in range(args.repeats):
-            for c in args.cycles:
-                rates[c].append(one_run(Path(tmp), args.np, c, args.samples, f"{c:g}ms-{i}"))
-    data = {
-        "machine": m,
-        "quick": args.quick,
-        "np": args.np,
-        "samples": args.samples,
-        "repeats": args.repeats,
-        "results": [
-            {
-                "cycle_ms": c,
-                "samples_per_sec": [round(v, 1) for v in rates[c]],
-                "median": round(statistics.median(rates[c]), 1),
-                "horovod_default": c == HOROVOD_DEFAULT_MS,
-                "trainer_default": c == TRAINER_CPU_MS,
-            }
-            for c in args.cycles
-        ],
-    }
+        rates = alternated(
+            args.cycles,
+            args.repeats,
+            lambda c, i: one_run(Path(tmp), args.np, c, args.samples, f"{c:g}ms-{i}"),
+        )
+    data = sweep_data(
+        m,
+        args,
+        rates,
+        "cycle_ms",
+        horovod_default=lambda c: c == HOROVOD_DEFAULT_MS,
+        trainer_default=lambda c: c == TRAINER_CPU_MS,
+    )
     return write_run("horovod_cycle", args, render(data), data)
 
 
