@@ -108,17 +108,41 @@ def parity(
     fed = images.numpy() if served is None else np.asarray(served)
     got = session.run([OUTPUT_NAME], {INPUT_NAME: fed})[0]
     single = session.run([OUTPUT_NAME], {INPUT_NAME: fed[:1]})[0]
+    return parity_figures(expected, got, single, labels.numpy())
+
+
+def parity_figures(expected: Any, got: Any, single: Any, labels: Any) -> dict[str, Any]:
+    """The parity report's figures from PyTorch's logits (``expected``), onnxruntime's on the
+    whole batch (``got``) and on its first sample alone (``single``), and the true labels (all
+    numpy arrays): it passes when no logit differs by more than :data:`TOLERANCE` and no
+    predicted class differs."""
+    import numpy as np
+
     diff = float(max(np.abs(got - expected).max(), np.abs(single - expected[:1]).max()))
     mismatches = int((got.argmax(1) != expected.argmax(1)).sum())
     return {
         "max_abs_diff": diff,
         "argmax_mismatches": mismatches,
-        "samples": int(images.shape[0]),
+        "samples": len(expected),
         "tolerance": TOLERANCE,
         "passed": diff <= TOLERANCE and mismatches == 0,
-        "onnx_accuracy": float((got.argmax(1) == labels.numpy()).mean()),
-        "torch_accuracy": float((expected.argmax(1) == labels.numpy()).mean()),
+        "onnx_accuracy": float((got.argmax(1) == labels).mean()),
+        "torch_accuracy": float((expected.argmax(1) == labels).mean()),
     }
+
+
+def write_checked_model(path: Path, report: dict[str, Any], output: str, samples: str) -> None:
+    """``parity.json`` into ``output`` always, then ``model.onnx`` (``path``) to
+    ``report["model_uri"]`` only when the report passed; else :class:`ParityError` naming the
+    figures (``samples``: what the compared samples are, e.g. "test images")."""
+    storage.write_text(storage.join(output, PARITY_NAME), PARITY.dumps(report))
+    if not report["passed"]:
+        raise ParityError(
+            f"ONNX parity failed on {report['samples']} {samples}: max |diff| "
+            f"{report['max_abs_diff']:.3g} (tolerance {TOLERANCE}), "
+            f"{report['argmax_mismatches']} argmax mismatches; model.onnx not written"
+        )
+    storage.upload_file(path, report["model_uri"])
 
 
 def run_export(
@@ -163,12 +187,5 @@ def run_export(
             export_seconds=round(time.perf_counter() - start, 3),
             preprocessing=pre,
         )
-        storage.write_text(storage.join(output, PARITY_NAME), PARITY.dumps(report))
-        if not report["passed"]:
-            raise ParityError(
-                f"ONNX parity failed on {report['samples']} test images: max |diff| "
-                f"{report['max_abs_diff']:.3g} (tolerance {TOLERANCE}), "
-                f"{report['argmax_mismatches']} argmax mismatches; model.onnx not written"
-            )
-        storage.upload_file(path, report["model_uri"])
+        write_checked_model(path, report, output, "test images")
     return report

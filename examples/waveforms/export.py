@@ -41,14 +41,13 @@ from examples.waveforms.data import load_split
 from examples.waveforms.model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME, build_model
 from examples.waveforms.train import CHECKPOINT_FORMAT, standardize
 from horovod_airflow.core import contract, fileset, storage
-from horovod_airflow.core.contract import EVENT_EXPORTED, ONNX_NAME, PARITY, PARITY_NAME, event_line
-from horovod_airflow.trainer.export import write_onnx
-
-TOLERANCE = 1e-4
-
-
-class ParityError(RuntimeError):
-    """onnxruntime and PyTorch disagree beyond the tolerance."""
+from horovod_airflow.core.contract import EVENT_EXPORTED, ONNX_NAME, event_line
+from horovod_airflow.trainer.export import (
+    ParityError,
+    parity_figures,
+    write_checked_model,
+    write_onnx,
+)
 
 
 def metadata_for(state: dict[str, Any], checkpoint: str) -> dict[str, str]:
@@ -79,7 +78,6 @@ def parity(model: Any, path: Path, raw: Any, labels: Any, pre: dict[str, Any]) -
     The serving side's input is prepared with the preprocessing the exported file carries,
     read back through the contract; the report records that document as ``preprocessing``.
     """
-    import numpy as np
     import onnxruntime as ort
     import torch
 
@@ -93,18 +91,7 @@ def parity(model: Any, path: Path, raw: Any, labels: Any, pre: dict[str, Any]) -
     feed, fetch = carried["input_name"], [carried["output_name"]]
     got = session.run(fetch, {feed: served})[0]
     single = session.run(fetch, {feed: served[:1]})[0]
-    diff = float(max(np.abs(got - expected).max(), np.abs(single - expected[:1]).max()))
-    mismatches = int((got.argmax(1) != expected.argmax(1)).sum())
-    return {
-        "max_abs_diff": diff,
-        "argmax_mismatches": mismatches,
-        "samples": len(raw),
-        "tolerance": TOLERANCE,
-        "passed": diff <= TOLERANCE and mismatches == 0,
-        "onnx_accuracy": float((got.argmax(1) == labels).mean()),
-        "torch_accuracy": float((expected.argmax(1) == labels).mean()),
-        "preprocessing": carried,
-    }
+    return {**parity_figures(expected, got, single, labels), "preprocessing": carried}
 
 
 def run_export(checkpoint: str, output: str, data_uri: str = "", samples: int = 0) -> dict:
@@ -141,14 +128,7 @@ def run_export(checkpoint: str, output: str, data_uri: str = "", samples: int = 
             model_uri=storage.join(output, ONNX_NAME),
             export_seconds=round(time.perf_counter() - start, 3),
         )
-        storage.write_text(storage.join(output, PARITY_NAME), PARITY.dumps(report))
-        if not report["passed"]:
-            raise ParityError(
-                f"ONNX parity failed on {report['samples']} test signals: max |diff| "
-                f"{report['max_abs_diff']:.3g} (tolerance {TOLERANCE}), "
-                f"{report['argmax_mismatches']} argmax mismatches; model.onnx not written"
-            )
-        storage.upload_file(path, report["model_uri"])
+        write_checked_model(path, report, output, "test signals")
     return report
 
 
