@@ -497,6 +497,19 @@ def test_an_elastic_mpijob_goes_on_without_a_worker_pod_removed_mid_run(
     workers = [f"{name}-worker-{i}" for i in range(3)]
     wait_for_log(mpijob_cluster, f"{name}-launcher", ["[trainer] epoch 1 step 5/"], job)
     podman(mpijob_network.podman_env, "rm", "-f", "-t", "0", workers[1])
+    # What horovodrun in the launcher pod runs, as the pod's user: the two left, once the
+    # operator's update has reached the pod; then all three again, once the operator has
+    # made the removed pod again (Running) while the job still ran.
+    env = mpijob_network.podman_env
+    two = "".join(f"{workers[i]}.{name}.hva.svc\n" for i in (0, 2))
+    three = "".join(f"{w}.{name}.hva.svc\n" for w in workers)
+    for listed in (two, three):
+        seen = None
+        while seen != listed:
+            assert job.thread.is_alive(), (job.error, seen, mpijob_cluster.discovery[name])
+            out = podman(env, "exec", f"{name}-launcher", "/etc/mpi/discover_hosts.sh")
+            seen = out
+            time.sleep(0.5)
     job.join(timeout=600)
     assert job.error is None, job.error
     result = job.result
@@ -510,12 +523,15 @@ def test_an_elastic_mpijob_goes_on_without_a_worker_pod_removed_mid_run(
     assert "/etc/mpi/discover_hosts.sh" in launcher["command"]
     assert "--elastic" in launcher["command"]  # the trainer's elastic loop
     # The script: all three, then the two left (the operator's update after the removal),
-    # then the pod it made again under the removed one's name.
+    # then all three again with the pod it made under the removed one's name ...
     assert mpijob_cluster.reconcile_errors == []
     scripts = mpijob_cluster.discovery[name]
     assert scripts[0] == discover_hosts_script(name, "hva", workers)
     assert scripts[1] == discover_hosts_script(name, "hva", [workers[0], workers[2]]), scripts
-    # The run went on with two: the world shrank once, by the removed pod, and never grew back.
+    assert scripts[2] == scripts[0], scripts
+    assert mpijob_cluster.started.count(workers[1]) == 2  # made again by the "operator"
+    # ... yet the run went on with two: the world shrank once, by the removed pod, and never
+    # grew back (horovodrun blacklisted that host name when its rank failed).
     metrics = read_json(s3, result["metrics_uri"])
     elastic = metrics["elastic"]
     assert elastic["world_sizes"] == [3, 2], elastic
