@@ -193,8 +193,8 @@ def _pod_templates(
 
 def _workers(spec: JobSpec, slots_per_worker: int, kind: str) -> int:
     """The worker pods: ``num_proc / slots_per_worker``; an elastic job's, ``max_np /
-    slots_per_worker`` (every pod it may grow to: horovodrun starts ``num_proc`` ranks on
-    them and the rest join as spares)."""
+    slots_per_worker`` (every pod it may use: horovodrun waits for ``num_proc`` slots, then
+    starts a rank on every listed slot up to ``max_np``)."""
     for name, ranks in (("num_proc", spec.num_proc), *_elastic_max(spec)):
         if ranks % slots_per_worker:
             # a setting no retry changes: a config error (not retried), not a plain ValueError
