@@ -82,8 +82,8 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     :param elastic: :class:`~horovod_airflow.operators.launchers.local_options.ElasticOptions`
         (its ``min_np`` and ``max_np`` are rendered (templated)): elastic Horovod, ranks of a
         lost host leave and a new host's join without failing the task; adds ``--elastic``
-        to our trainer. Only
-        ``launcher="local"`` over several hosts; refused elsewhere, naming why. A completed
+        to our trainer. ``launcher="local"`` over several hosts, or ``launcher="kubernetes"``
+        with an MPIJob; refused elsewhere, naming why. A completed
         elastic training is this task's whatever world size it ended at.
 
     Plus the settings of :class:`horovod_airflow.operators.job.HorovodJobOperatorBase`:

@@ -59,6 +59,29 @@ class ElasticSpec:
     hosts_file: str | None = None  # host:slots lines the discovery script prints
 
 
+def check_elastic_bounds(elastic: ElasticSpec, num_proc: int) -> None:
+    """Raise :class:`HorovodConfigError` unless ``1 ≤ min_np ≤ num_proc ≤ max_np``."""
+    if not 1 <= elastic.min_np <= num_proc <= elastic.max_np:
+        raise HorovodConfigError(
+            f"elastic: need 1 ≤ min_np ≤ num_proc ≤ max_np, got min_np={elastic.min_np}, "
+            f"num_proc={num_proc}, max_np={elastic.max_np}"
+        )
+
+
+def elastic_args(
+    elastic: ElasticSpec, script: str, *, slots_per_host: int | None = None
+) -> list[str]:
+    """horovodrun's elastic arguments (they replace ``-H``): the bounds, the discovery
+    script, the timeout, and ``--slots-per-host`` where the script prints bare host names."""
+    argv = [
+        "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
+        "--host-discovery-script", script, "--elastic-timeout", str(elastic.timeout_s),
+    ]  # fmt: skip
+    if slots_per_host is not None:
+        argv += ["--slots-per-host", str(slots_per_host)]
+    return argv
+
+
 NO_ELASTIC_REASON = (
     "elastic Horovod drops a whole host when one of its ranks fails, and the new world is "
     "formed over the hosts that are left; it needs ranks on several hosts and a discovery "
@@ -302,7 +325,7 @@ class Launcher(abc.ABC):
 
     def check_elastic(self, spec: JobSpec) -> None:
         """Raise :class:`HorovodConfigError` unless this launcher can run ``spec`` elastically
-        (only the local launcher over several hosts can, today)."""
+        (the local launcher over several hosts and the kubernetes one with an MPIJob can)."""
         raise HorovodConfigError(
             f"elastic=ElasticOptions(...): the {self.name} launcher does not run elastic jobs "
             f"({NO_ELASTIC_REASON}); use launcher='local' with hosts on several machines"

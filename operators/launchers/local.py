@@ -197,7 +197,7 @@ class LocalLauncher(Launcher):
         if spec.elastic is not None:  # the discovery script lists the hosts, not -H
             at = argv.index("-H")
             script = discovery_script(self.hosts, spec.elastic.hosts_file)
-            argv[at : at + 2] = elastic_args(spec.elastic, script)
+            argv[at : at + 2] = elastic_args(spec.elastic, str(script))
         return argv
 
     def check_elastic(self, spec: JobSpec) -> None:

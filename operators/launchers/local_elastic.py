@@ -11,7 +11,11 @@ from pathlib import Path
 
 from horovod_airflow.operators.command import Host
 from horovod_airflow.operators.exceptions import HorovodConfigError
-from horovod_airflow.operators.launchers.base import ElasticSpec
+from horovod_airflow.operators.launchers.base import (
+    ElasticSpec,
+    check_elastic_bounds,
+    elastic_args,
+)
 from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
 
 
@@ -32,11 +36,7 @@ def check_local_elastic(
             "every host and this worker share): without it horovodrun's elastic driver prints "
             "the discovered slots and then waits without starting a worker"
         )
-    if not 1 <= elastic.min_np <= num_proc <= elastic.max_np:
-        raise HorovodConfigError(
-            f"elastic: need 1 ≤ min_np ≤ num_proc ≤ max_np, got min_np={elastic.min_np}, "
-            f"num_proc={num_proc}, max_np={elastic.max_np}"
-        )
+    check_elastic_bounds(elastic, num_proc)
 
 
 def discovery_script(hosts: Sequence[Host], hosts_file: str | None) -> Path:
@@ -51,13 +51,6 @@ def discovery_script(hosts: Sequence[Host], hosts_file: str | None) -> Path:
     script.write_text(f"#!/bin/sh\nexec grep -v '^#' {shlex.quote(hosts_file)}\n")
     script.chmod(0o700)
     return script
-
-
-def elastic_args(elastic: ElasticSpec, script: Path) -> list[str]:
-    return [
-        "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
-        "--host-discovery-script", str(script), "--elastic-timeout", str(elastic.timeout_s),
-    ]  # fmt: skip
 
 
 __all__ = ["ElasticOptions", "check_local_elastic", "discovery_script", "elastic_args"]

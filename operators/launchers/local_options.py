@@ -90,9 +90,11 @@ class ElasticOptions:
     of a lost host leave and a new host's join while the run goes on (``horovodrun --min-np
     --max-np --host-discovery-script``, ``trainer train --elastic``).
 
-    Only ``launcher="local"`` over several hosts runs it: Horovod drops a whole host when one
-    of its ranks fails, so ranks that share one host (the docker launcher's container, a
-    local launch on localhost) would all go at once; those are refused.
+    ``launcher="local"`` over several hosts and ``launcher="kubernetes"`` with an MPIJob (the
+    MPI Operator's ``/etc/mpi/discover_hosts.sh``; worker pods up to ``max_np``) run it:
+    Horovod drops a whole host when one of its ranks fails, so ranks that share one host (the
+    docker launcher's container, a local launch on localhost, a one-pod MPIJob) would all go
+    at once; those are refused, and so is a TrainJob (Trainer v2 has no elastic jobs).
 
     :param min_np: the fewest ranks the job runs with (templated); below it, after
         ``timeout_s``, the task fails naming the lost host.

@@ -23,6 +23,26 @@ launcher imports it). On ``create_custom_object`` it plays the operator:
 - the headless Service ``<job>``: every container resolves ``<pod>.<job>.<ns>.svc`` (and
   ``….svc.cluster.local``) to the pod's address (``--add-host``: the cluster DNS).
 
+While the launcher runs, the harness reconciles the job every ``DISCOVERY_REFRESH_S`` seconds,
+as the operator's controller does on each pod event (``getOrCreateWorker``,
+``getOrCreateConfigMap``):
+
+- a worker pod that is gone (``podman rm``) is created again, same name, same address (the
+  cluster DNS name resolves to the new pod); one that exited stays (``restartPolicy: Never``);
+- the launcher's ``/etc/mpi/discover_hosts.sh`` (mode 0555, next to the hostfile: the
+  ConfigMap key ``discover_hosts.sh``) is rewritten to one ``echo <pod>.<job>.<ns>.svc`` per
+  worker pod in phase Running (container running), sorted by name, and replaced whole
+  (renamed into place: the kubelet's atomic ConfigMap update; a reader sees the old script
+  or the new one). Each version is kept in ``discovery[<job>]``.
+
+One refresh period stands for the whole path of a real cluster (the pod event, the
+controller's ConfigMap update, the kubelet's projection of it into the launcher pod). There
+the kubelet's part alone can take its sync period plus its cache delay, about a minute by
+default; the harness's period is shorter so the tests stay short. That changes when a new pod
+is seen, not what horovodrun does with a lost one: its rank's failure drops the host, and a
+host whose rank failed is blacklisted for good (no ``--blacklist-cooldown-range``), whatever
+the script still lists.
+
 The job's state is its launcher's: running, Succeeded (exit 0) or Failed; once the launcher
 has ended, the still running workers are removed (``cleanPodPolicy: Running``). Pod specs use
 only what the launcher's manifests use; anything else fails loudly rather than being ignored.
@@ -53,6 +73,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,6 +103,10 @@ CONTAINER_SECURITY_KEYS = frozenset({"allowPrivilegeEscalation", "capabilities"}
 TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 RUNNING_STATES = ("created", "configured", "running", "initialized")
 READY_WITHIN_S = 60.0
+DISCOVERY_REFRESH_S = 5.0  # one operator reconcile + kubelet ConfigMap projection (see above)
+DISCOVER_HOSTS = "discover_hosts.sh"
+#: The modes of the operator's ConfigMap volume items (configVolumeItems).
+CONFIG_MODES = {"hostfile": 0o444, DISCOVER_HOSTS: 0o555}
 
 
 def podman(env: Mapping[str, str], *args: str, check: bool = True) -> str:
@@ -125,6 +150,12 @@ def write_volume(folder: Path, files: Mapping[str, bytes], mode: int, fs_group: 
             os.chown(path, 0, fs_group)
             os.chmod(path, mode | 0o440)
     return folder
+
+
+def discover_hosts_script(name: str, namespace: str, running: Sequence[str]) -> str:
+    """The MPI Operator's ``discover_hosts.sh``: the Running worker pods, sorted by name."""
+    lines = "".join(f"echo {pod}.{name}.{namespace}.svc\n" for pod in sorted(running))
+    return f"#!/bin/sh\n{lines}"
 
 
 def mpijob_labels(name: str, role: str) -> dict[str, str]:
@@ -246,6 +277,16 @@ class PodmanCluster:
             patch_namespaced_custom_object=self._patch_custom_object
         )
         self._next_ip = 10
+        # the operator's reconcile loop: each MPIJob's worker pods (how to make each again)
+        # and its launcher's config folder; one lock with the deletes, so a pod is never made
+        # again for a job that is being cleaned up
+        self._workers: dict[str, dict[str, dict[str, Any]]] = {}
+        self._config_dirs: dict[str, Path] = {}
+        self.discovery: dict[str, list[str]] = {}  # every discover_hosts.sh, per job
+        self.reconcile_errors: list[str] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._reconciler: threading.Thread | None = None
 
     # --- KubernetesHook ---------------------------------------------------------------
     def get_namespace(self) -> str:
@@ -274,7 +315,8 @@ class PodmanCluster:
         if status in ("created", "configured", "running", "initialized"):
             conditions = [{"type": "Running", "status": "True"}]
         else:
-            self._clean_running_workers(name)  # cleanPodPolicy: Running
+            with self._lock:
+                self._clean_running_workers(name)  # cleanPodPolicy: Running
             if code == 0:
                 conditions = [{"type": "Succeeded", "status": "True", "message": "completed"}]
             else:
@@ -297,10 +339,11 @@ class PodmanCluster:
                 for container in self.containers(job=name):
                     podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
             return
-        if self.jobs.pop(name, None) is None:
-            raise ApiException(status=404)
-        for container in self.containers(job=name):
-            podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+        with self._lock:
+            if self.jobs.pop(name, None) is None:
+                raise ApiException(status=404)
+            for container in self.containers(job=name):
+                podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
 
     def _patch_custom_object(self, group, version, plural, name, namespace, body):
         assert (group, version) == TRAINER and plural == "trainingruntimes", plural
@@ -452,23 +495,25 @@ class PodmanCluster:
         )
         self.hostfiles[name] = hostfile
         ncpu = os.cpu_count() or 1
+        made: dict[str, dict[str, Any]] = {}
         for i in range(workers):
             pod = f"{name}-worker-{i}"
-            cpus = sorted({(i * slots + k) % ncpu for k in range(slots)})
-            self._run_pod(
-                name,
-                pod,
-                replicas["Worker"]["template"],
+            made[pod] = dict(
+                template=replicas["Worker"]["template"],
                 labels=mpijob_labels(name, "worker"),
                 ip=ips[pod],
                 hosts=hosts,
                 extra_env={"K_MPI_JOB_ROLE": "worker"},
                 ssh=(ssh_path, ssh_files, ssh_mode),
-                cpus=cpus,
+                cpus=sorted({(i * slots + k) % ncpu for k in range(slots)}),
             )
+            self._run_pod(name, pod, **made[pod])
         for i in range(workers):
             pod = f"{name}-worker-{i}"
             self._wait_ready(replicas["Worker"]["template"], pod, ips[pod])
+        running = [pod for pod in made if self.state(pod)[0] == "running"]
+        script = discover_hosts_script(name, ns, running)
+        self.discovery[name] = [script]
         pod = f"{name}-launcher"
         self._run_pod(
             name,
@@ -487,8 +532,51 @@ class PodmanCluster:
                 "NVIDIA_DRIVER_CAPABILITIES": "",
             },
             ssh=(ssh_path, ssh_files, ssh_mode),
-            config={"hostfile": hostfile.encode()},
+            config={"hostfile": hostfile.encode(), DISCOVER_HOSTS: script.encode()},
         )
+        with self._lock:
+            self._workers[name] = made
+            self._config_dirs[name] = self.workdir / pod / "mpi-job-config"
+            if self._reconciler is None:
+                self._reconciler = threading.Thread(target=self._reconcile_loop, daemon=True)
+                self._reconciler.start()
+
+    def _reconcile_loop(self) -> None:
+        while not self._stop.wait(DISCOVERY_REFRESH_S):
+            for name in list(self._workers):
+                try:
+                    self._reconcile(name)
+                except Exception as e:  # the test asserts there were none
+                    self.reconcile_errors.append(f"{name}: {e!r}")
+
+    def _reconcile(self, name: str) -> None:
+        """One pass of the operator's controller over MPIJob ``name`` while its launcher runs:
+        deleted worker pods made again, ``discover_hosts.sh`` rewritten when it changed."""
+        with self._lock:
+            if name not in self.jobs:
+                self._workers.pop(name, None)
+                return
+            if self.state(f"{name}-launcher")[0] not in RUNNING_STATES:
+                return  # done: the operator makes no more pods for it
+            # the controller's order: the ConfigMap (the pods Running now), then the workers
+            made = self._workers[name]
+            states = {pod: self.state(pod)[0] for pod in made}
+            ns = self.jobs[name]["metadata"]["namespace"]
+            script = discover_hosts_script(
+                name, ns, [pod for pod, state in states.items() if state == "running"]
+            )
+            if script != self.discovery[name][-1]:
+                folder = self._config_dirs[name]
+                new = folder / f".{DISCOVER_HOSTS}.new"
+                new.write_text(script)
+                fs_group = os.stat(folder / "hostfile").st_gid
+                os.chown(new, 0, fs_group)
+                os.chmod(new, CONFIG_MODES[DISCOVER_HOSTS])
+                new.rename(folder / DISCOVER_HOSTS)  # whole: old script or new, never half
+                self.discovery[name].append(script)
+            for pod, state in states.items():
+                if state == "gone":  # deleted: made again (the next pass lists it, Running)
+                    self._run_pod(name, pod, **made[pod])
 
     def _run_pod(
         self,
@@ -574,6 +662,9 @@ class PodmanCluster:
         args += ["-v", f"{path}:{ssh_path}:ro"]
         if config is not None:
             path = write_volume(folder / "mpi-job-config", config, 0o444, fs_group)
+            for key in config:  # the items' own modes (the script is executable)
+                mode = CONFIG_MODES.get(key, 0o444)
+                os.chmod(path / key, mode if fs_group is None else mode | 0o440)
             args += ["-v", f"{path}:{HOSTFILE_DIR}:ro"]
         if container.get("command"):
             args += ["--entrypoint", json.dumps(container["command"])]
@@ -651,6 +742,10 @@ class PodmanCluster:
         return pods
 
     def remove_all(self) -> None:
-        for container in self.containers():
-            podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
+        self._stop.set()
+        if self._reconciler is not None:
+            self._reconciler.join(timeout=120)
+        with self._lock:
+            for container in self.containers():
+                podman(self.podman_env, "rm", "-f", "-t", "0", container, check=False)
         shutil.rmtree(self.workdir, ignore_errors=True)

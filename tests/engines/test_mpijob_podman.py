@@ -18,6 +18,7 @@ from unittest import mock
 import pytest
 
 from horovod_airflow.operators import HorovodTrainingError, HorovodTrainOperator
+from horovod_airflow.operators.launchers.local_options import ElasticOptions
 from horovod_airflow.operators.staging import stage_dataset
 from tests.engine_scripts import BUILD_TIMEOUT
 from tests.engines.conftest import (
@@ -59,7 +60,7 @@ def k8s_op(data: str, output: str, **kwargs: Any) -> HorovodTrainOperator:
         image=TRAINER_IMAGE,
         namespace="hva",
         aws_conn_id=MPIJOB_CONN_ID,
-        num_proc=2,
+        num_proc=kwargs.pop("num_proc", 2),
         gpus_per_proc=0,
         poll_interval=1.0,
         startup_timeout=300,
@@ -450,3 +451,105 @@ def test_a_retry_while_the_first_try_still_runs_reattaches_and_starts_no_second_
     assert mpijob_cluster.runtimes == {} and mpijob_cluster.core_v1_client.secrets == {}
     assert mpijob_cluster.containers() == []
     assert try_1.thread.is_alive() and try_1.error is None
+
+
+# 50 steps an epoch at world 3 (8 samples a rank): the removal lands early in epoch 1 and the
+# job has the rest of the epoch and a second one to go on with two.
+ELASTIC_TRAIN = {
+    "epochs": 2,
+    "max_train_samples": 1200,
+    "max_val_samples": 128,
+    "batch_size": 8,
+    "seed": 1234,
+    "log_interval": 1,
+    "elastic_commit_every": 5,
+}
+
+
+def test_an_elastic_mpijob_goes_on_without_a_worker_pod_removed_mid_run(
+    mpijob_network: MPIJobNetwork, mpijob_cluster, mnist_subset, capsys
+):
+    """``elastic=ElasticOptions(min_np=2, max_np=3)``: three worker pods, horovodrun on the
+    operator's ``/etc/mpi/discover_hosts.sh``. ``podman rm -f`` of one worker container in
+    epoch 1: the task succeeds on try 1 with the other two, every training sample of each
+    epoch trained on (the trainer's own count), and the pod the operator makes again under
+    the removed one's name is listed again but never rejoins (horovodrun blacklisted it)."""
+    from tests.engines.mpijob_harness import discover_hosts_script, podman
+
+    s3 = mpijob_network.s3
+    bucket = s3.new_bucket("elastic")
+    staged = stage_dataset(str(mnist_subset), f"s3://{bucket}", client=s3.client())
+    op = k8s_op(
+        staged["uri"],
+        f"s3://{bucket}/runs/elastic",
+        task_id="elastic",  # the default entrypoint: our trainer, which gets --elastic
+        trainer_args=ELASTIC_TRAIN,
+        num_proc=3,
+        slots_per_worker=1,
+        elastic=ElasticOptions(min_np=2, max_np=3, timeout_s=60),
+    )
+    job = Running(op, mpijob_cluster)
+    deadline = time.monotonic() + 300
+    while not mpijob_cluster.created:
+        assert time.monotonic() < deadline and job.thread.is_alive(), job.error
+        time.sleep(0.5)
+    name = mpijob_cluster.created[0]["metadata"]["name"]
+    workers = [f"{name}-worker-{i}" for i in range(3)]
+    wait_for_log(mpijob_cluster, f"{name}-launcher", ["[trainer] epoch 1 step 5/"], job)
+    podman(mpijob_network.podman_env, "rm", "-f", "-t", "0", workers[1])
+    # What horovodrun in the launcher pod runs, as the pod's user: the two left, once the
+    # operator's update has reached the pod; then all three again, once the operator has
+    # made the removed pod again (Running) while the job still ran.
+    env = mpijob_network.podman_env
+    two = "".join(f"{workers[i]}.{name}.hva.svc\n" for i in (0, 2))
+    three = "".join(f"{w}.{name}.hva.svc\n" for w in workers)
+    for listed in (two, three):
+        seen = None
+        while seen != listed:
+            assert job.thread.is_alive(), (job.error, seen, mpijob_cluster.discovery[name])
+            out = podman(env, "exec", f"{name}-launcher", "/etc/mpi/discover_hosts.sh")
+            seen = out
+            time.sleep(0.5)
+    job.join(timeout=600)
+    assert job.error is None, job.error
+    result = job.result
+    assert result is not None
+    log = capsys.readouterr().out
+
+    # The manifest: three worker pods, horovodrun on the operator's script, no token.
+    manifest = mpijob_cluster.created[0]
+    assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    (launcher,) = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert "/etc/mpi/discover_hosts.sh" in launcher["command"]
+    assert "--elastic" in launcher["command"]  # the trainer's elastic loop
+    # The script: all three, then the two left (the operator's update after the removal),
+    # then all three again with the pod it made under the removed one's name ...
+    assert mpijob_cluster.reconcile_errors == []
+    scripts = mpijob_cluster.discovery[name]
+    assert scripts[0] == discover_hosts_script(name, "hva", workers)
+    assert scripts[1] == discover_hosts_script(name, "hva", [workers[0], workers[2]]), scripts
+    assert scripts[2] == scripts[0], scripts
+    assert mpijob_cluster.started.count(workers[1]) == 2  # made again by the "operator"
+    # ... yet the run went on with two: the world shrank once, by the removed pod, and never
+    # grew back (horovodrun blacklisted that host name when its rank failed).
+    metrics = read_json(s3, result["metrics_uri"])
+    elastic = metrics["elastic"]
+    assert elastic["world_sizes"] == [3, 2], elastic
+    assert elastic["world_history"][-1]["left"] == [workers[1]], elastic
+    assert elastic["world_history"][-1]["epoch"] == 1
+    assert result["world_size"] == metrics["world_size"] == 2
+    # Every training sample of each epoch trained on: the trainer's allreduced count (it fails
+    # the run when that differs from the training set); only the steps since the last commit
+    # were trained again, as many as it reports.
+    train = ELASTIC_TRAIN["max_train_samples"]
+    assert [h["train_samples"] for h in metrics["history"]] == [train, train]
+    assert [h["world_size"] for h in metrics["history"]] == [2, 2]
+    assert 0 <= elastic["redone_steps"] < ELASTIC_TRAIN["elastic_commit_every"]
+    per_step = ELASTIC_TRAIN["batch_size"] * 3
+    assert 0 <= elastic["redone_samples"] <= elastic["redone_steps"] * per_step, elastic
+    assert (elastic["redone_samples"] == 0) == (elastic["redone_steps"] == 0), elastic
+    assert result["val_samples"] == ELASTIC_TRAIN["max_val_samples"]
+    assert f"submitted MPIJob hva/{name} (3 ranks)" in log
+    # Succeeded: the job, its Secret and its pods (the re-made one too) are gone.
+    assert mpijob_cluster.jobs == {} and mpijob_cluster.core_v1_client.secrets == {}
+    assert mpijob_cluster.containers() == []

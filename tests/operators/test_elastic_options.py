@@ -7,6 +7,7 @@ import pytest
 
 from horovod_airflow.operators import HorovodTrainOperator
 from horovod_airflow.operators.exceptions import HorovodConfigError
+from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
 from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
 from tests.operators.helpers import context
 
@@ -58,7 +59,17 @@ def test_min_and_max_np_render_and_reach_horovodrun_with_our_discovery_script() 
     ("launcher", "kw", "message"),
     [
         ("docker", {}, "one container, one host"),
-        ("kubernetes", {}, "TrainJob: Kubeflow Trainer v2 has no elastic policy"),
+        (
+            "kubernetes",
+            {"kubernetes": KubernetesOptions(kubernetes_api="trainjob")},
+            "Trainer v2 runs a TrainJob on a fixed number of nodes",
+        ),
+        ("kubernetes", {"kubernetes": KubernetesOptions(slots_per_worker=3)}, "at least 2 worker"),
+        (
+            "kubernetes",
+            {"kubernetes": KubernetesOptions(slots_per_worker=2), "num_proc": 2},
+            "multiple of slots_per_worker=2",
+        ),
         ("local", {"local": LocalOptions(hosts="localhost:3")}, "on one host"),
         (
             "local",
@@ -96,3 +107,52 @@ def test_commit_every_is_one_declaration_for_cli_validation_and_the_form() -> No
         TrainConfig(data="d", output="o", elastic=True, elastic_commit_every=0)
     with pytest.raises(ConfigError, match="--elastic: supported with plain averaging"):
         TrainConfig(data="d", output="o", elastic=True, backward_passes_per_step=2)
+
+
+def test_an_elastic_mpijob_runs_horovodrun_on_the_operators_discovery_script() -> None:
+    """MPIJob: one worker pod per ``slots_per_worker`` ranks up to ``max_np``; horovodrun reads
+    the hosts from the MPI Operator's ``/etc/mpi/discover_hosts.sh`` (bare pod names: the
+    slots come from ``--slots-per-host``); the pods still get no service-account token."""
+    from tests.operators.mpijob_schema import mpijob_errors
+
+    task = op(
+        "kubernetes",
+        num_proc=4,
+        elastic=ElasticOptions(min_np=2, max_np=6, timeout_s=90),
+        kubernetes=KubernetesOptions(slots_per_worker=2, namespace="ml"),
+    )
+    spec = task.build_spec(context())
+    launcher = task.make_launcher()
+    launcher.check_elastic(spec)
+    manifest = launcher.manifest(spec)
+    assert mpijob_errors(manifest) == []
+    replicas = manifest["spec"]["mpiReplicaSpecs"]
+    assert replicas["Worker"]["replicas"] == 3  # max_np / slots_per_worker
+    assert manifest["spec"]["slotsPerWorker"] == 2
+    (container,) = replicas["Launcher"]["template"]["spec"]["containers"]
+    argv = container["command"]
+    assert "-H" not in argv
+    flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    assert flags["--host-discovery-script"] == "/etc/mpi/discover_hosts.sh"
+    assert (flags["--min-np"], flags["--max-np"]) == ("2", "6")
+    assert argv[argv.index("-np") + 1] == "4"
+    assert flags["--slots-per-host"] == "2"
+    assert flags["--elastic-timeout"] == "90"
+    assert flags["--network-interface"] == "eth0"
+    assert "--elastic" in argv  # the trainer's elastic loop
+    for role in ("Launcher", "Worker"):
+        pod = replicas[role]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in pod
+
+
+def test_an_mpijob_without_elastic_keeps_its_fixed_hosts() -> None:
+    task = HorovodTrainOperator(
+        task_id="train", launcher="kubernetes", image="img:1", num_proc=2,
+        data="s3://b/d", output="s3://b/runs/r", aws_conn_id=None,
+        kubernetes=KubernetesOptions(namespace="ml"),
+    )  # fmt: skip
+    manifest = task.make_launcher().manifest(task.build_spec(context()))
+    (container,) = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert "--host-discovery-script" not in container["command"]
+    assert container["command"][container["command"].index("-H") + 1].count(":1") == 2

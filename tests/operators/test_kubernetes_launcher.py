@@ -26,7 +26,7 @@ from horovod_airflow.operators import (
     HorovodTrainOperator,
 )
 from horovod_airflow.operators.command import RANK_ENV_WRAPPER
-from horovod_airflow.operators.launchers.base import JobSpec
+from horovod_airflow.operators.launchers.base import ElasticSpec, JobSpec
 from horovod_airflow.operators.launchers.kubernetes import (
     KubernetesLauncher,
     KubernetesOptions,
@@ -349,6 +349,26 @@ def test_a_failure_names_the_worker_pod_of_the_rank_that_failed_first():
     pod = "hvd-train-1234-worker-1.hvd-train-1234.ml.svc"  # ranks 2 and 3 of 2 × 2 slots
     assert f"rank 3 (host {pod}) failed first (exit code 255)" in str(err.value)
     assert hook.deleted == ["hvd-train-1234"]  # read before the delete policy applied
+
+
+def test_an_elastic_mpijob_makes_the_same_calls_and_a_failure_names_the_lost_pod():
+    """Elastic: the same create, poll, log and delete calls as any MPIJob (the RBAC test runs
+    this one too: no more is granted for it), a manifest the operator's API takes, and a job
+    that fell below ``min_np`` fails naming the pod horovodrun names (no -H list to read)."""
+    elastic = ElasticSpec(min_np=2, max_np=4, timeout_s=60)
+    hook = FakeHook([RUNNING, SUCCEEDED], log_text="[0]<stdout>:done")
+    assert launcher(hook).run(spec(elastic=elastic), LineLog()).exit_code == 0
+    body = hook.created["hvd-train-1234"]
+    assert mpijob_errors(body) == []
+    assert body["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2  # max_np 4 / 2 slots
+    pod = "hvd-train-1234-worker-1.hvd-train-1234.ml.svc"
+    failed = FakeHook(
+        [RUNNING, FAILED],
+        log_text=f"ERROR:root:failure count == 2 -> stop running\nProcess name: {pod}[0]\n"
+        "Exit code: 255",
+    )
+    with pytest.raises(HorovodTrainingError, match=re.escape(f"Process name: {pod}[0]")):
+        launcher(failed, cleanup="delete").run(spec(elastic=elastic), LineLog())
 
 
 def test_the_failed_pod_is_left_unnamed_when_the_job_cannot_be_read():

@@ -1,7 +1,8 @@
 """The least RBAC of the kubernetes launcher (docs/kubernetes-rbac.md) is what its code calls.
 
 The launcher's scenarios (a job that succeeds, fails, is killed, is re-attached by a retry,
-gets fresh credentials, is waited on by the deferrable trigger; MPIJob and TrainJob) run
+gets fresh credentials, is waited on by the deferrable trigger; MPIJob, elastic MPIJob and
+TrainJob) run
 against the suite's fake clusters with every API call recorded as (API group, resource,
 verb). The Role in the document must grant each of them, and nothing else.
 """
@@ -70,6 +71,7 @@ def _scenarios(tmp_path: Any) -> None:
     m.test_polling_success_creates_secret_surfaces_log_and_cleans_up()
     m.test_failure_raises_with_launcher_log_and_keeps_the_job()
     m.test_a_failure_names_the_worker_pod_of_the_rank_that_failed_first()
+    m.test_an_elastic_mpijob_makes_the_same_calls_and_a_failure_names_the_lost_pod()
     m.test_on_kill_deletes_job_and_secret_idempotently()
     m.test_a_stale_secret_gets_this_tries_credentials()
     m.test_a_retry_that_finds_the_job_being_deleted_waits_until_gone_then_starts_its_own()

@@ -20,6 +20,7 @@ from horovod_airflow.operators.launchers.base import (
     JobSpec,
     Launcher,
     LogTail,
+    check_elastic_bounds,
     end_of_job,
     made_by_this_task,
 )
@@ -51,14 +52,28 @@ class KubernetesLauncher(Launcher):
     needs_image = True
 
     def check_elastic(self, spec: JobSpec) -> None:
-        raise HorovodConfigError(
-            "elastic=ElasticOptions(...): not supported with launcher='kubernetes' yet. "
-            "MPIJob: the MPI Operator writes /etc/mpi/discover_hosts.sh for elastic Horovod, "
-            "but its pods then need a service-account token and RBAC, which this project "
-            "does not create yet. TrainJob: Kubeflow Trainer v2 has no elastic policy "
-            "(ElasticPolicy was removed in v2.2; elastic is only a proposal there). Use "
-            "launcher='local' with hosts on several machines"
-        )
+        """An elastic MPIJob runs (the MPI Operator keeps ``/etc/mpi/discover_hosts.sh`` of
+        the job's worker pods); a TrainJob is refused, saying what Trainer v2 has."""
+        assert spec.elastic is not None
+        if self.flavour.job is TRAINJOB:
+            raise HorovodConfigError(
+                "elastic=ElasticOptions(...): refused with kubernetes_api='trainjob'. Kubeflow "
+                "Trainer v2 runs a TrainJob on a fixed number of nodes: its MPI plugin writes "
+                "a static /etc/mpi/hostfile and no host-discovery script, and its JobSet's "
+                "Jobs keep the parallelism they were created with; the torch ElasticPolicy "
+                "was removed from its API (kubeflow/trainer#3235) and elastic TrainJobs are "
+                "a proposal (KEP-2903). Use kubernetes_api='mpijob': the MPI Operator writes "
+                "the discovery script elastic Horovod needs"
+            )
+        check_elastic_bounds(spec.elastic, spec.num_proc)
+        slots = self.slots_per_worker
+        if spec.elastic.max_np % slots or spec.elastic.max_np // slots < 2:
+            raise HorovodConfigError(
+                f"elastic: max_np={spec.elastic.max_np} must be a multiple of "
+                f"slots_per_worker={slots} giving at least 2 worker pods (one per "
+                f"slots_per_worker ranks); Horovod drops a whole pod when one of its ranks "
+                f"fails, so with one pod a lost rank would end the job all the same"
+            )
 
     def __init__(
         self, *, image: str, options: KubernetesOptions | None = None, hook: Any | None = None

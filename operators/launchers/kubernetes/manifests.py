@@ -9,7 +9,7 @@ from typing import Any
 
 from horovod_airflow.operators.command import RANK_ENV_FILE_VAR, Host, horovodrun_argv
 from horovod_airflow.operators.exceptions import HorovodConfigError
-from horovod_airflow.operators.launchers.base import JOB_LABEL, JobSpec
+from horovod_airflow.operators.launchers.base import JOB_LABEL, JobSpec, elastic_args
 from horovod_airflow.operators.launchers.kubernetes.api import (
     ANCESTOR_LABEL,
     GROUP,
@@ -59,6 +59,13 @@ WORKER_SSH_PORT = 2222  # a non-root sshd cannot bind port 22
 # ("HTTP GET request failed too many times"). One-worker jobs (the one-rank export, or
 # num_proc == slots_per_worker) failed that way about every other run.
 POD_INTERFACE = "eth0"
+# The MPI Operator's (v2beta1) discovery script for elastic Horovod: its controller writes
+# key discover_hosts.sh of the job's ConfigMap <job>-config, mounted at /etc/mpi in the launcher
+# (mode 0555), as one "echo <pod>.<job>.<ns>.svc" per worker pod in phase Running, sorted by
+# name, and rewrites it as worker pods come and go (kubeflow/mpi-operator
+# pkg/controller/mpi_job_controller.go, updateDiscoverHostsInConfigMap). It prints no slots:
+# horovodrun gets them from --slots-per-host.
+DISCOVER_HOSTS_SCRIPT = "/etc/mpi/discover_hosts.sh"
 WORKER_SSHD_CONFIG = "/etc/ssh/hva_worker_sshd_config"
 # A worker is only an sshd in the foreground (-D), logging to stderr (-e), i.e. to the pod log;
 # horovodrun in the launcher pod starts the ranks through it.
@@ -119,6 +126,11 @@ def _pod_templates(
         network_interface=POD_INTERFACE,
         controller=spec.controller,
     )
+    if spec.elastic is not None:  # the operator's discovery script lists the hosts, not -H
+        at = command.index("-H")
+        command[at : at + 2] = elastic_args(
+            spec.elastic, DISCOVER_HOSTS_SCRIPT, slots_per_host=slots_per_worker
+        )
     env = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
     volumes: list[dict[str, Any]] = []
@@ -180,13 +192,22 @@ def _pod_templates(
 
 
 def _workers(spec: JobSpec, slots_per_worker: int, kind: str) -> int:
-    if spec.num_proc % slots_per_worker:
-        # a setting no retry changes: a config error (not retried), not a plain ValueError
-        raise HorovodConfigError(
-            f"num_proc={spec.num_proc} is not a multiple of slots_per_worker="
-            f"{slots_per_worker}: each {kind} worker runs exactly slots_per_worker ranks"
-        )
-    return spec.num_proc // slots_per_worker
+    """The worker pods: ``num_proc / slots_per_worker``; an elastic job's, ``max_np /
+    slots_per_worker`` (every pod it may use: horovodrun waits for ``num_proc`` slots, then
+    starts a rank on every listed slot up to ``max_np``)."""
+    for name, ranks in (("num_proc", spec.num_proc), *_elastic_max(spec)):
+        if ranks % slots_per_worker:
+            # a setting no retry changes: a config error (not retried), not a plain ValueError
+            raise HorovodConfigError(
+                f"{name}={ranks} is not a multiple of slots_per_worker="
+                f"{slots_per_worker}: each {kind} worker runs exactly slots_per_worker ranks"
+            )
+    ranks = spec.elastic.max_np if spec.elastic is not None else spec.num_proc
+    return ranks // slots_per_worker
+
+
+def _elastic_max(spec: JobSpec) -> list[tuple[str, int]]:
+    return [("elastic.max_np", spec.elastic.max_np)] if spec.elastic is not None else []
 
 
 def build_mpijob(

@@ -53,7 +53,9 @@ OWNED_MPIJOB_PATHS: dict[tuple[str, ...], str] = {
     ("spec", "slotsPerWorker"): "KubernetesOptions.slots_per_worker",
     ("spec", "runPolicy", "activeDeadlineSeconds"): "the operator's execution_timeout",
     **{
-        ("spec", "mpiReplicaSpecs", replica, "replicas"): "num_proc / slots_per_worker"
+        ("spec", "mpiReplicaSpecs", replica, "replicas"): (
+            "num_proc (elastic: max_np) / slots_per_worker"
+        )
         for replica in _ROLES
     },
     **{
