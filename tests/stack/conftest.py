@@ -28,6 +28,12 @@ from tests.engine_scripts import podman_cli_env, run_script
 PROJECT = "hva-stack-test"
 # The stack's start takes a few minutes (the images are built by the stack_images fixture).
 UP_TIMEOUT = 1200
+#: The task states of a retraining run whose gate passed: every task succeeded but the
+#: refused branch (record_refused), which skipped itself.
+PUBLISHED_RUN = {
+    **dict.fromkeys(("stage_dataset", "train", "gate", "export_onnx", "publish"), "success"),
+    "record_refused": "skipped",
+}
 
 
 def load_stack_smoke() -> ModuleType:
