@@ -173,6 +173,7 @@ def test_the_cli_refuses_without_a_serving_asset_and_changes_nothing(s3_server, 
     assert listed.returncode == 0, listed.stderr
     out = json.loads(listed.stdout)
     assert out["latest"]["version"] == V2 and [v["version"] for v in out["versions"]] == [V2, V1]
+    assert out["refused_candidates"] == []
 
 
 CONSUMER = """
