@@ -114,6 +114,10 @@ def stack(
         "HVA_STACK_PROJECT": PROJECT,
         "HVA_STACK_AIRFLOW_PORT": str(free_port()),
         "HVA_STACK_S3_PORT": str(free_port()),
+        # This checkout's images, by the tags no other checkout on the engine moves (another
+        # one's `images` re-points the plain names at its own build).
+        "HVA_STACK_AIRFLOW_IMAGE": stack_images["airflow_inputs"],
+        "HVA_STACK_TRAINER_IMAGE": stack_images["trainer_inputs"],
         # A variable of the caller's shell that the compose file also reads: the settings
         # file must win (other tests in the session leave HVA_BUCKET set).
         "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",
