@@ -241,7 +241,7 @@ def test_example_dag_uses_the_project_operators_with_its_own_pieces(bundles):
     mod = _deploy("shape-check", "examples.waveforms.dags.waveforms_retrain")
     dag = mod.retrain_dag
     assert [t.task_id for t in dag.topological_sort()] == [
-        "stage_dataset", "train", "gate", "export_onnx", "publish"
+        "stage_dataset", "train", "gate", "export_onnx", "publish", "record_refused"
     ]  # fmt: skip
     stage, train, gate = dag.get_task("stage_dataset"), dag.get_task("train"), dag.get_task("gate")
     assert stage.files == ["*.npy"] and stage.dataset_name == "waveforms"
