@@ -20,6 +20,9 @@ file                      format (``Schema``)                  written by → re
                           (:data:`GATE`)
 ``manifest.json``         ``horovod-airflow/version-v2``       publish → publish (retry), serving
 (a published version)     (:data:`VERSION_MANIFEST`)
+``refused/<v>/manifest``  ``horovod-airflow/version-v2``       record_refused → the registry
+(a refused candidate)     (:data:`VERSION_MANIFEST`, gate      page, promote (admin override)
+                          ``passed: false``)
 ``latest.json``           ``horovod-airflow/latest-v3``        publish, promote → gate, serving,
                           (:data:`LATEST`)                     DAGs, the registry page
 ``history/<stamp>.json``  ``horovod-airflow/promotion-v1``     promote/roll back → the registry
@@ -82,6 +85,7 @@ LATEST_NAME = "latest.json"  # the registry's pointer to the version serving use
 CURVES_NAME = "training_curves.png"  # a published version's loss and accuracy curves
 SUMMARY_NAME = "summary.md"  # a published version's human-readable summary
 HISTORY_DIR = "history"  # models/<model>/history/: one PROMOTION document per move
+REFUSED_DIR = "refused"  # models/<model>/refused/<version>/: a refused run's candidate
 MANIFEST_NAME = "manifest.json"  # a staged dataset's manifest
 
 # --- formats that are not JSON documents checked here -----------------------------------------

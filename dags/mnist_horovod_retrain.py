@@ -1,7 +1,8 @@
 """
 ### Retrain the MNIST CNN with Horovod, gate it, export it to ONNX and publish it for serving
 
-`stage_dataset` → `train` → `gate` → `export_onnx` → `publish`
+`stage_dataset` → `train` → `gate` → `export_onnx` → `publish` (or, after a refusal,
+`record_refused`)
 
 1. **stage_dataset** (`StageDatasetOperator`) uploads the dataset (default: the vendored
    real MNIST) to `s3://<bucket>/datasets/mnist/<content-hash>/` with a `manifest.json`.
@@ -18,10 +19,11 @@ horovod_airflow.trainer
 3. **gate** (`ModelGateOperator`) passes only if that accuracy is at least `min_accuracy`
    and not worse than the published model's by more than `max_regression`, both measured on
    the same data: a champion measured on another dataset is re-scored on this run's test
-   split (onnxruntime), or the gate refuses and says why. A failing gate skips export and
-   publish and leaves the run's artifacts (and its `gate.json`) for inspection.
+   split (onnxruntime), or the gate refuses and says why. A failing gate skips publish and
+   leaves the run's artifacts (and its `gate.json`) for inspection.
 4. **export_onnx** (`HorovodExportOperator`) exports the rank-0 checkpoint to one ONNX file
-   and checks onnxruntime against PyTorch (same launcher, so Airflow workers need no torch).
+   and checks onnxruntime against PyTorch (same launcher, so Airflow workers need no torch);
+   it runs after a refusal too, for `record_refused`.
 5. **publish** (`PublishModelOperator`) copies the model, checkpoint, metrics, parity
    report, training curves and a summary to `s3://<bucket>/models/mnist_cnn/<version>/` with
    a sha256 `manifest.json`, then updates `latest.json` — last, so readers never see a
@@ -30,6 +32,10 @@ horovod_airflow.trainer
    gate compared against (a conditional put), else the publish fails without overwriting.
    It emits the `latest.json` Asset with the version, ONNX URI, sha256, accuracy and dataset
    hash as the event's `extra`, which schedules serving-side DAGs.
+6. **record_refused** (`RecordRefusedOperator`) runs only after a refusal (it skips itself
+   after a pass): it keeps the exported model as a *refused candidate* under
+   `s3://<bucket>/models/mnist_cnn/refused/<version>/`, never named by `latest.json`, which an
+   admin may promote from the registry page with an override reason (recorded).
 
 Alerts: a failed task, and a refused gate, mail `HVA_ALERT_EMAILS` through the SMTP
 connection `HVA_SMTP_CONN_ID`; a refusing gate fails (and so alerts) once
@@ -40,7 +46,7 @@ mails them too (an Airflow deadline alert).
 Configuration: the AWS connection `aws_default` (endpoint and credentials; MinIO or AWS) and
 the `HVA_*` environment variables of `operators/settings.py` (bucket, default launcher and
 ranks, trainer image, GPUs per rank, Docker network); train and export share its
-`TRAINER_JOB` settings (connection, image, GPUs, launcher options). The five tasks are the
+`TRAINER_JOB` settings (connection, image, GPUs, launcher options). The six tasks are the
 pipeline's (`horovod_airflow.operators.pipeline.retraining_pipeline`), the same for every
 model; MNIST's part is its app (`horovod_airflow.apps.mnist.MNIST`), this file the trigger form.
 """

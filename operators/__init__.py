@@ -1,10 +1,11 @@
-"""Airflow operators for the retraining chain: stage → train → gate → export → publish.
+"""Airflow operators for the retraining chain: stage → train → gate → export → publish (or,
+after a refusal, record_refused: the model kept as a refused candidate).
 
 No torch is imported here; training and export run in the processes the launchers start.
 
 from horovod_airflow.operators import (
     StageDatasetOperator, HorovodTrainOperator, ModelGateOperator,
-    HorovodExportOperator, PublishModelOperator,
+    HorovodExportOperator, PublishModelOperator, RecordRefusedOperator,
 )
 
 ``DataChecks`` declares the staging's data checks (``StageDatasetOperator(checks=...)``).
@@ -35,7 +36,7 @@ from horovod_airflow.operators.exceptions import (
 from horovod_airflow.operators.export import HorovodExportOperator
 from horovod_airflow.operators.gate import ModelGateOperator
 from horovod_airflow.operators.model_registry import safe_key
-from horovod_airflow.operators.publish import PublishModelOperator
+from horovod_airflow.operators.publish import PublishModelOperator, RecordRefusedOperator
 from horovod_airflow.operators.stage import StageDatasetOperator
 from horovod_airflow.operators.train import HorovodTrainOperator
 
@@ -56,6 +57,7 @@ __all__ = [
     "ModelGateOperator",
     "PublishModelOperator",
     "PublishRefusedError",
+    "RecordRefusedOperator",
     "RetentionConflictError",
     "StageDatasetOperator",
     "TrainingCompletedError",

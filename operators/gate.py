@@ -84,6 +84,10 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
     :param ignore_downstream_trigger_rules: as in ``ShortCircuitOperator``: True (default)
         skips every downstream task; False skips the direct ones and lets the others'
         trigger rules decide.
+    :param refused_branch: task ids downstream that run only when the gate refuses (the
+        retraining pipeline's ``record_refused``, which skips itself after a pass): a refusal
+        skips every other downstream task except those the branch needs (its upstream, e.g.
+        the export). Empty (default): a refusal skips everything downstream.
     :param on_refused: notifiers (``BaseNotifier``) called when the gate refuses, with the
         task's context plus ``gate`` (the decision: ``reason``, accuracies, champion); e.g.
         :func:`horovod_airflow.operators.alerts.alert_notifiers` ``("refused", ...)``.
@@ -125,9 +129,15 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
         on_refused: Sequence[Any] = (),
         stale_after_runs: int | None = None,
         stale_after_days: float | None = None,
+        refused_branch: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**with_retry_policy(kwargs))
+        if isinstance(refused_branch, str) or not all(
+            isinstance(t, str) and t for t in refused_branch
+        ):
+            raise ValueError(f"refused_branch must be a list of task ids, got {refused_branch!r}")
+        self.refused_branch = tuple(refused_branch)
         self.on_refused = list(on_refused)
         if stale_after_runs is not None:
             stale_after_runs = as_int(stale_after_runs, "stale_after_runs", minimum=1)
@@ -236,15 +246,33 @@ class ModelGateOperator(AwsConnectionMixin, BaseOperator, SkipMixin):
                 f"{self.max_regression_ceiling} (max_regression_ceiling)"
             )
 
+    def _branch(self, task: Any) -> tuple[list[Any], set[str]]:
+        """The refused branch's tasks, and the ids of what they need downstream of the gate
+        (the branch, its upstream), checked against the DAG."""
+        downstream = {t.task_id: t for t in task.get_flat_relatives(upstream=False)}
+        missing = [t for t in self.refused_branch if t not in downstream]
+        if missing:
+            raise HorovodConfigError(
+                f"{self.task_id}: refused_branch names {missing}, which are not downstream "
+                f"of the gate ({sorted(downstream)})"
+            )
+        branch = [downstream[t] for t in self.refused_branch]
+        needed = set(self.refused_branch)
+        for t in branch:
+            needed |= {u.task_id for u in t.get_flat_relatives(upstream=True)} & downstream.keys()
+        return branch, needed
+
     def skip_downstream(self, context: Context) -> None:
-        """Skip what follows, as ``ShortCircuitOperator.execute`` does on a falsy condition."""
+        """Skip what follows, as ``ShortCircuitOperator.execute`` does on a falsy condition
+        (all but the refused branch and what it needs)."""
         task = context["task"]
         relatives = (
             task.get_flat_relatives(upstream=False)
             if self.ignore_downstream_trigger_rules
             else task.get_direct_relatives(upstream=False)
         )
-        to_skip = [t for t in relatives if not t.is_teardown]
+        keep = self._branch(task)[1] if self.refused_branch else set()
+        to_skip = [t for t in relatives if not t.is_teardown and t.task_id not in keep]
         if not to_skip:
             self.log.info("the gate failed; no downstream tasks to skip")
             return

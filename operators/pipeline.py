@@ -1,4 +1,6 @@
-"""The retraining pipeline, written once for every model: stage → train → gate → export → publish.
+"""The retraining pipeline, written once for every model: stage → train → gate → export →
+publish, or, when the gate refuses, record_refused (the model kept as a refused candidate that
+an admin may promote; ``latest.json`` untouched).
 
 A model is an app: it declares what is its own in a :class:`ModelApp` — its registry name,
 its dataset and where that comes from, its training and export programs, how a champion is
@@ -44,7 +46,7 @@ from horovod_airflow.operators.model_registry import (
     latest_uri,
     safe_key,
 )
-from horovod_airflow.operators.publish import PublishModelOperator
+from horovod_airflow.operators.publish import PublishModelOperator, RecordRefusedOperator
 from horovod_airflow.operators.stage import StageDatasetOperator
 from horovod_airflow.operators.train import HorovodTrainOperator
 
@@ -137,10 +139,18 @@ class RetrainingTasks(NamedTuple):
     gate: ModelGateOperator
     export_onnx: HorovodExportOperator
     publish: PublishModelOperator
+    record_refused: RecordRefusedOperator
 
 
 def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
-    """Create the five tasks of ``app``'s retraining in the DAG being defined, chained.
+    """Create the six tasks of ``app``'s retraining in the DAG being defined, chained.
+
+    ``stage → train → gate → export_onnx → publish | record_refused``: a gate that passes lets
+    ``publish`` run (``record_refused`` skips itself); one that refuses skips ``publish`` (so
+    the refusal shows in the run as it always did: ``publish`` skipped, ``gate.json`` in the
+    run folder) and lets the export run for ``record_refused``, which keeps the model as a
+    refused candidate (never named by ``latest.json``; an admin may promote it with a recorded
+    override reason).
 
     Train and export run through the launcher the trigger form picks (``params.launcher``)
     with the ranks it asks for (``params.num_proc``) and the deployment's job settings
@@ -184,6 +194,7 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
         on_refused=settings.REFUSED_ALERTS,
         stale_after_runs=settings.STALE_AFTER_RUNS,
         stale_after_days=settings.STALE_AFTER_DAYS,
+        refused_branch=["record_refused"],
     )
     export_onnx = HorovodExportOperator(
         task_id="export_onnx",
@@ -205,8 +216,17 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
         aws_conn_id=settings.AWS_CONN_ID,
         outlets=[app.latest_asset],
     )
-    stage >> train >> gate >> export_onnx >> publish
-    return RetrainingTasks(stage, train, gate, export_onnx, publish)
+    record_refused = RecordRefusedOperator(
+        task_id="record_refused",
+        bucket_uri=settings.BUCKET_URI,
+        model_name=app.model_name,
+        metrics=train.output,
+        exported=export_onnx.output,
+        dataset=stage.output,
+        aws_conn_id=settings.AWS_CONN_ID,
+    )
+    stage >> train >> gate >> export_onnx >> [publish, record_refused]
+    return RetrainingTasks(stage, train, gate, export_onnx, publish, record_refused)
 
 
 def _entrypoint(entrypoint: Sequence[str] | None) -> dict[str, Any]:

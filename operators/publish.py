@@ -163,3 +163,125 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
             "dag_run_id": run_id,
             "version": version,
         }
+
+
+class RecordRefusedOperator(AwsConnectionMixin, BaseOperator):
+    """Keep the exported model of a run the gate refused as a *refused candidate* of the
+    registry (``<bucket_uri>/models/<model_name>/refused/<version>/``), where serving never
+    looks, so that an admin can promote it later with a recorded override reason (the
+    registry page, ``python -m horovod_airflow.operators.model_registry promote --override``).
+
+    Runs after the export, on the branch the gate leaves when it refuses (the gate then skips
+    ``publish``); after a gate that passed it skips itself (``AirflowSkipException``). It
+    never reads or writes ``latest.json`` and emits no Asset event: a refused run changes
+    nothing serving uses. The decision is the run's own ``gate.json`` (next to
+    ``metrics.json``), the one the gate wrote. The version is the one the run would have
+    published (named by the DAG run), so a retry finds its own candidate.
+
+    Returns (as XCom) ``model``, ``version``, ``uri``, ``manifest_uri``, ``val_accuracy``,
+    ``gate_reason`` of the candidate, or ``{"recorded": False, ...}`` when the version is
+    published already.
+
+    :param bucket_uri: the registry's bucket, ``s3://bucket`` or a local folder (templated).
+    :param model_name: the registry name of the model (templated).
+    :param metrics: the train task's XCom (``output``: the run folder with ``gate.json``)
+        (templated).
+    :param exported: the export task's XCom (``onnx_uri``, ``parity_uri``) (templated).
+    :param dataset: the staging task's XCom (``uri``, ``content_hash``) (templated).
+    :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
+    """
+
+    template_fields: Sequence[str] = ("bucket_uri", "model_name", "metrics", "exported", "dataset")
+    template_fields_renderers = {  # noqa: RUF012
+        "metrics": "json",
+        "exported": "json",
+        "dataset": "json",
+    }
+    ui_color = "#f6e0e0"
+    operator_extra_links = (RegistryLink(),)
+
+    def __init__(
+        self,
+        *,
+        bucket_uri: str,
+        model_name: str,
+        metrics: Any,
+        exported: Any,
+        dataset: Any,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**with_retry_policy(kwargs))
+        check_uri(bucket_uri, "bucket_uri")
+        if not is_templated(model_name):
+            check_name(model_name, "model_name")
+        check_upstream(metrics, "metrics", ("output",))
+        check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
+        check_upstream(dataset, "dataset")
+        self.bucket_uri = bucket_uri
+        self.model_name = model_name
+        self.metrics = metrics
+        self.exported = exported
+        self.dataset = dataset
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from horovod_airflow.core import storage
+        from horovod_airflow.core.contract import GATE, GATE_NAME, VERSION_MANIFEST_NAME
+        from horovod_airflow.operators.model_registry.refused import (
+            candidate_prefix,
+            record_refused,
+        )
+
+        try:
+            metrics = as_mapping(self.metrics, "metrics", ("output",))
+            exported = as_mapping(self.exported, "exported", ("onnx_uri", "parity_uri"))
+            bucket_uri = check_uri(self.bucket_uri, "bucket_uri")
+            model_name = check_name(self.model_name, "model_name")
+            run_output = check_uri(metrics["output"], "metrics['output']")
+            onnx_uri = check_uri(exported["onnx_uri"], "exported['onnx_uri']")
+            parity_uri = check_uri(exported["parity_uri"], "exported['parity_uri']")
+            dataset = dict(as_mapping(self.dataset, "dataset"))
+        except ValueError as e:
+            raise HorovodConfigError(f"{self.task_id}: {e}") from e
+        client = self.s3_client_for(bucket_uri, run_output, onnx_uri)
+        gate_uri = storage.join(run_output, GATE_NAME)
+        gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
+        if gate["passed"]:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(f"the gate passed ({gate['reason']}): the run publishes")
+        dag_run = context["dag_run"]
+        run_id = str(context["run_id"])
+        version = run_version(dag_run.dag_id, run_id, dag_run.run_after)
+        manifest = record_refused(
+            bucket_uri=bucket_uri,
+            model_name=model_name,
+            version=version,
+            run_output=run_output,
+            onnx_uri=onnx_uri,
+            parity_uri=parity_uri,
+            dataset=dataset,
+            gate=gate,
+            dag_run_id=run_id,
+            client=client,
+        )
+        if manifest is None:
+            return {"recorded": False, "model": model_name, "version": version}
+        prefix = candidate_prefix(bucket_uri, model_name, version)
+        self.log.info(
+            "refused (%s): kept as the refused candidate %s at %s; latest.json unchanged. An "
+            "admin may promote it with an override reason from the registry page",
+            gate["reason"],
+            version,
+            prefix,
+        )
+        return {
+            "recorded": True,
+            "model": model_name,
+            "version": version,
+            "uri": prefix,
+            "manifest_uri": storage.join(prefix, VERSION_MANIFEST_NAME),
+            "val_accuracy": manifest["metrics"].get("val_accuracy"),
+            "gate_reason": gate["reason"],
+        }

@@ -5,7 +5,9 @@
 bucket (``HVA_BUCKET``): which version ``latest.json`` names and since when (and who moved it,
 why), every published version with its accuracy, dataset, gate decision and reason, the DAG
 run that published it, ONNX parity and its training curves, the moves made by hand, and the
-runs the gate refused with their ``gate.json`` reason. Everything is read through
+runs the gate refused with their ``gate.json`` reason, and the refused candidates (a refused
+run's exported model, ``models/<model>/refused/<version>/``) that an admin may promote.
+Everything is read through
 :mod:`horovod_airflow.operators.model_registry` (the registry's own layout and storage code).
 
 ``POST /horovod-registry/api/promote`` (JSON; the page's *Promote* / *Roll back* buttons)
@@ -16,8 +18,9 @@ Asset event serving follows. Airflow's auth manager decides who may:
 - reading the page: ``is_authorized_asset(GET)``;
 - a move: ``is_authorized_asset(POST)`` on the model's ``<model>_latest`` Asset (the
   permission to create its events: Op and Admin in the simple auth manager);
-- an admin override (a version whose gate did not pass, or below ``HVA_MIN_ACCURACY_FLOOR``):
-  also ``is_authorized_configuration(PUT)``, with its reason recorded.
+- an admin override (a version whose gate did not pass, a refused candidate, or one below
+  ``HVA_MIN_ACCURACY_FLOOR``): also ``is_authorized_configuration(PUT)``, with its reason
+  recorded. A refused candidate's *Promote (admin override)* button is shown to admins only.
 
 A refused request answers 403 (no permission) or 409 (the rules refuse it, or
 ``latest.json`` changed since the page was read) and changes nothing. The S3 client comes
@@ -49,6 +52,7 @@ from horovod_airflow.operators.model_registry.promote import (
     emit_latest_event,
     find_latest_asset,
     list_models,
+    list_refused_candidates,
     list_versions,
     promote_version,
     read_history,
@@ -56,6 +60,7 @@ from horovod_airflow.operators.model_registry.promote import (
     version_prefix,
 )
 from horovod_airflow.operators.model_registry.publish import asset_event_extra
+from horovod_airflow.operators.model_registry.refused import candidate_prefix
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +124,23 @@ def _parity(manifest: dict[str, Any], client: Any | None) -> dict[str, Any] | No
 
 def registry_view(bucket_uri: str, *, client: Any | None = None) -> dict[str, Any]:
     """What the page shows, as JSON: per model its ``latest.json``, versions (with parity),
-    moves by hand; and the refused runs of the bucket."""
+    refused candidates (with parity), moves by hand; and the refused runs of the bucket."""
     models = []
     for name in list_models(bucket_uri, client=client):
         latest, _ = read_latest(bucket_uri, name, client=client)
         versions = []
         for manifest in list_versions(bucket_uri, name, client=client):
             versions.append({**manifest, "parity": _parity(manifest, client)})
+        candidates = [
+            {**manifest, "parity": _parity(manifest, client)}
+            for manifest in list_refused_candidates(bucket_uri, name, client=client)
+        ]
         models.append(
             {
                 "model": name,
                 "latest": latest,
                 "versions": versions,
+                "refused_candidates": candidates,
                 "history": read_history(bucket_uri, name, client=client),
             }
         )
@@ -156,6 +166,18 @@ def curves(model: str, version: str, user: User) -> Response:
         uri = storage.join(
             version_prefix(settings.BUCKET_URI, safe_name(model), version), CURVES_NAME
         )
+    except ValueError as e:
+        raise HTTPException(400, str(e)) from e
+    return Response(storage.read_bytes(uri, client=_client()), media_type="image/png")
+
+
+@app.get("/curves/{model}/refused/{version}")
+def candidate_curves(model: str, version: str, user: User) -> Response:
+    if not _can(user, "read"):
+        raise HTTPException(403, f"{_name(user)} may not read assets")
+    try:
+        uri = storage.join(candidate_prefix(settings.BUCKET_URI, safe_name(model), version),
+                           CURVES_NAME)  # fmt: skip
     except ValueError as e:
         raise HTTPException(400, str(e)) from e
     return Response(storage.read_bytes(uri, client=_client()), media_type="image/png")
@@ -227,7 +249,17 @@ def _e(value: Any) -> str:
     return html.escape("—" if value is None else str(value))
 
 
-def render_page(view: dict[str, Any], *, user: str, may_move: bool) -> str:
+def _parity_cell(parity: dict[str, Any]) -> str:
+    return (
+        f"<td>{'ok' if parity.get('passed') else 'failed'}, max |Δ| "
+        f"{_e(parity.get('max_abs_diff'))}, {_e(parity.get('argmax_mismatches'))} "
+        f"argmax mismatches / {_e(parity.get('samples'))}</td>"
+    )
+
+
+def render_page(
+    view: dict[str, Any], *, user: str, may_move: bool, may_override: bool = False
+) -> str:
     """The registry page (HTML) of :func:`registry_view`."""
     parts = [
         "<h1>Model registry</h1>",
@@ -276,15 +308,40 @@ def render_page(view: dict[str, Any], *, user: str, may_move: bool) -> str:
                 f"<td class='gate'>{'passed' if gate.get('passed') else 'refused'}: "
                 f"{_e(gate.get('reason'))}</td>"
                 f"<td>{_e(v.get('dag_run_id'))}<br>{_e(v.get('published_at'))}</td>"
-                f"<td>{'ok' if parity.get('passed') else 'failed'}, max |Δ| "
-                f"{_e(parity.get('max_abs_diff'))}, {_e(parity.get('argmax_mismatches'))} "
-                f"argmax mismatches / {_e(parity.get('samples'))}</td>"
-                f"<td><a href='{URL_PREFIX}/curves/{_e(name)}/{_e(v['version'])}'>"
+                + _parity_cell(parity)
+                + f"<td><a href='{URL_PREFIX}/curves/{_e(name)}/{_e(v['version'])}'>"
                 f"<img alt='curves' width='220' "
                 f"src='{URL_PREFIX}/curves/{_e(name)}/{_e(v['version'])}'></a></td>"
                 f"<td>{button}</td></tr>"
             )
         parts.append("</table>")
+        if m.get("refused_candidates"):
+            parts.append(
+                "<h3>Refused candidates</h3><p>Models the gate refused, kept where serving "
+                "never looks; promoting one needs an admin override with its reason.</p>"
+                "<table class='candidates'><tr><th>version</th><th>accuracy</th><th>dataset</th>"
+                "<th>gate (refused)</th><th>run</th><th>parity</th><th>curves</th><th></th></tr>"
+            )
+            for c in m["refused_candidates"]:
+                gate, version = c.get("gate") or {}, c["version"]
+                curves = f"{URL_PREFIX}/curves/{_e(name)}/refused/{_e(version)}"
+                button = (
+                    f"<button class='move' data-version='{_e(version)}'>"
+                    "Promote (admin override)</button>"
+                    if may_move and may_override
+                    else ""
+                )
+                parts.append(
+                    f"<tr class='candidate' data-version='{_e(version)}'><td>{_e(version)}</td>"
+                    f"<td class='accuracy'>{_pct(c['metrics'].get('val_accuracy'))}</td>"
+                    f"<td><code>{_e(c['dataset'].get('uri'))}</code></td>"
+                    f"<td class='gate'>refused: {_e(gate.get('reason'))}</td>"
+                    f"<td>{_e(c.get('dag_run_id'))}<br>{_e(c.get('published_at'))}</td>"
+                    + _parity_cell(c.get("parity") or {})
+                    + f"<td><a href='{curves}'><img alt='curves' width='220' src='{curves}'></a>"
+                    f"</td><td>{button}</td></tr>"
+                )
+            parts.append("</table>")
         if may_move:
             parts.append(
                 "<p>Why (recorded): <input class='reason' size='50'> Admin override reason "
@@ -346,7 +403,14 @@ def page(user: User) -> HTMLResponse:
     if not _can(user, "read"):
         raise HTTPException(403, f"{_name(user)} may not read assets")
     view = registry_view(settings.BUCKET_URI, client=_client())
-    return HTMLResponse(render_page(view, user=_name(user), may_move=_can(user, "move")))
+    return HTMLResponse(
+        render_page(
+            view,
+            user=_name(user),
+            may_move=_can(user, "move"),
+            may_override=_can(user, "override"),
+        )
+    )
 
 
 class RegistryPlugin(AirflowPlugin):

@@ -3,20 +3,22 @@
 The bucket layout is :mod:`horovod_airflow.core.layout`'s (``datasets/``, ``runs/``,
 ``models/``). The policy (:class:`RetentionPolicy`) keeps, always:
 
-- **everything under** ``models/``: every published version, ``latest.json``, and a version
+- **everything under** ``models/``: every published version, ``latest.json``, the refused
+  candidates (``models/<model>/refused/<version>/``, an admin may promote one), and a version
   folder still being copied (its publish in flight, or to be retried). Serving follows
   ``latest.json``; a rollback may point it back at any published version. Retention never
   deletes there.
-- **every dataset a published version or a** ``latest.json`` **names** (its manifest's
-  ``dataset``): serving's check predicts that dataset's test split.
+- **every dataset a published version, a refused candidate or a** ``latest.json`` **names**
+  (its manifest's ``dataset``): serving's check predicts that dataset's test split.
 - **the last** ``keep_runs`` **run prefixes of each DAG** (``runs/<dag_id>/<run_key>/``, newest
   by their last write), whatever their outcome, and the datasets they record
   (``metrics.json``'s ``dataset``, ``gate.json``'s ``challenger_dataset_hash``).
 - **in-flight runs**, and datasets staged within the in-flight window.
 
 *In flight.* A run prefix is *finished* when it carries a terminal marker: its ``gate.json``
-refused (export and publish are then skipped) or a published version's manifest names it as
-``source_run``. A run prefix without one is in flight while its newest object is younger than
+refused (publish is then skipped; the export and ``record_refused`` may still run, which an
+active run of its DAG covers) or a published version's or refused candidate's manifest names
+it as ``source_run``. A run prefix without one is in flight while its newest object is younger than
 ``in_flight_window`` (the settings require at least the DAG run timeout: a run is over by its
 ``dagrun_timeout``, so one whose last write is older has ended, failed or timed out), and,
 when Airflow is asked (the operator does), while Airflow reports a queued or running run of
@@ -58,6 +60,7 @@ from horovod_airflow.core.contract import (
     MANIFEST_NAME,
     METRICS,
     METRICS_NAME,
+    REFUSED_DIR,
     VERSION_MANIFEST,
     VERSION_MANIFEST_NAME,
     ContractError,
@@ -258,7 +261,9 @@ def registry_state(
     for obj in storage.list_objects(root, client=client):
         parts = obj.uri[len(base) + 1 :].split("/")
         models.add(parts[0])
-        if len(parts) == 3 and parts[2] == VERSION_MANIFEST_NAME:
+        # a published version's manifest, or a refused candidate's (models/<m>/refused/<v>/)
+        candidate = len(parts) == 4 and parts[1] == REFUSED_DIR
+        if (len(parts) == 3 or candidate) and parts[-1] == VERSION_MANIFEST_NAME:
             manifest_uris.append(obj.uri)
     etags: dict[str, str | None] = {}
     latest: dict[str, dict[str, Any]] = {}
@@ -348,8 +353,10 @@ def plan_retention(
             if isinstance(document.get(key), str):
                 reached[_base(document[key])] = f"models/{model}/{LATEST_NAME}"
     published: dict[str, str] = {}  # run prefix -> the version it was published as
-    for manifest in manifests.values():
+    for manifest_uri, manifest in manifests.items():
         version = f"{manifest['model']} {manifest['version']}"
+        if len(manifest_uri[len(_base(layout.models_root(bucket_uri))) :].split("/")) == 5:
+            version += " (refused candidate)"  # models/<m>/refused/<v>/manifest.json
         dataset = manifest.get("dataset") or {}
         refs.add(dataset.get("uri"), dataset.get("content_hash"), f"published {version}")
         if manifest.get("source_run"):

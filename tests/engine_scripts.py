@@ -88,7 +88,13 @@ def build_stack_images(state: Path) -> dict[str, str]:
     def engine_name(name: str) -> str:  # podman files a name without a registry under localhost/
         return name if "/" in name.split(":")[0] else f"localhost/{name}"
 
+    # The content-addressed tags of exactly these inputs (the names above are moved by any
+    # other checkout that builds on this engine); the last line of each wins.
+    lines = (state / "image-tags.txt").read_text().splitlines()
+    tags = dict(line.split("=", 1) for line in lines if "=" in line)
     return {
         "trainer": engine_name(settings["HVA_TRAINER_IMAGE"]),
         "airflow": engine_name(settings["HVA_AIRFLOW_IMAGE"]),
+        "trainer_inputs": tags["trainer"],
+        "airflow_inputs": tags["airflow"],
     }

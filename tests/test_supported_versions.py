@@ -44,7 +44,8 @@ def _row(label: str) -> str:
 def test_every_declared_range_holds_the_locked_and_installed_release():
     python, requirements = _declared()
     assert Version(".".join(map(str, sys.version_info[:3]))) in python
-    pins = _pins("requirements/lock.txt")
+    # the extras' pins too ([openlineage]: test-extras.txt, what the lineage test runs on)
+    pins = _pins("requirements/lock.txt", "requirements/test-extras.txt")
     for req in requirements:
         name = req.name.lower()
         assert req.specifier, f"{req.name} has no range: say which releases the suite ran on"
@@ -63,7 +64,7 @@ def test_the_readme_table_names_the_releases_the_suite_runs_on():
     assert version("horovod") in _row("Horovod")
     airflow = _row("Apache Airflow")
     assert airflow.startswith(f"| Apache Airflow | {pins['apache-airflow']},")
-    for provider in ("amazon", "docker", "cncf-kubernetes"):
+    for provider in ("amazon", "docker", "cncf-kubernetes", "openlineage"):
         assert f"{provider} {pins['apache-airflow-providers-' + provider]}" in airflow
     assert _row("onnx / onnxruntime / onnxscript") == (
         f"| onnx / onnxruntime / onnxscript | {pins['onnx']} / {pins['onnxruntime']} / "

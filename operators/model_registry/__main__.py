@@ -1,12 +1,14 @@
 """``python -m horovod_airflow.operators.model_registry``: list a model's published versions,
-its moves by hand and refused runs; promote or roll back ``latest.json`` to a published
-version (a compare-and-swap, recorded with who and why, then the Asset event serving follows).
+its refused candidates and its moves by hand; promote or roll back ``latest.json`` to a
+published version or a refused candidate (a compare-and-swap, recorded with who and why, then
+the Asset event serving follows).
 
 Run it where the ``airflow`` CLI runs (it records the Asset event in Airflow's metadata
 database) with the bucket's credentials in the AWS environment (``AWS_*``, as the
 ``horovod_airflow.core.storage`` client reads them). Whoever holds those credentials may move
-``latest.json``; a version whose gate did not pass or that is below the deployment floor
-(``HVA_MIN_ACCURACY_FLOOR``) also needs ``--override REASON``, which is recorded. The
+``latest.json``; a version whose gate did not pass (a refused candidate among them) or that
+is below the deployment floor (``HVA_MIN_ACCURACY_FLOOR``) also needs ``--override REASON``,
+which is recorded. The
 registry page in the Airflow UI asks the auth manager instead.
 """
 
@@ -25,6 +27,7 @@ from horovod_airflow.operators.model_registry.promote import (
     PromotionRefusedError,
     emit_latest_event,
     find_latest_asset,
+    list_refused_candidates,
     list_versions,
     promote_version,
     read_history,
@@ -41,9 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bucket-uri", default=settings.BUCKET_URI, help="default: %(default)s")
     sub = p.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("list", help="published versions (JSON), latest and the moves by hand")
+    ls = sub.add_parser(
+        "list", help="published versions (JSON), latest, refused candidates, the moves by hand"
+    )
     ls.add_argument("model")
-    pr = sub.add_parser("promote", help="point latest.json at a published version (CAS)")
+    pr = sub.add_parser(
+        "promote", help="point latest.json at a published version or refused candidate (CAS)"
+    )
     pr.add_argument("model")
     pr.add_argument("version")
     pr.add_argument("--reason", required=True, help="why: recorded in the version history")
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "latest": latest,
             "versions": list_versions(args.bucket_uri, args.model),
+            "refused_candidates": list_refused_candidates(args.bucket_uri, args.model),
             "history": read_history(args.bucket_uri, args.model),
         }
         print(json.dumps(out, indent=2), file=answer, flush=True)

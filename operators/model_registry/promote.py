@@ -11,7 +11,10 @@ Who may move it is the caller's to check (the page asks Airflow's auth manager, 
 - the version must be published and complete (its ``manifest.json``, written last, exists)
   and carry its preprocessing (a ``model-v1`` version cannot be served): never overridable;
 - a version whose gate did not pass, or whose accuracy is below the deployment's floor
-  (``HVA_MIN_ACCURACY_FLOOR``), needs an admin override with its reason, recorded.
+  (``HVA_MIN_ACCURACY_FLOOR``), needs an admin override with its reason, recorded;
+- a refused run's candidate (:mod:`.refused`, ``models/<model>/refused/<version>/``) is
+  promoted the same way (its gate did not pass: always an admin override); it is published to
+  ``models/<model>/<version>/`` first, then ``latest.json`` moves.
 
 Each move is recorded as a :data:`~horovod_airflow.core.contract.PROMOTION` document under
 ``models/<model>/history/`` and in the new ``latest.json`` (``promotion``, ``since``); the
@@ -34,6 +37,7 @@ from horovod_airflow.core.contract import (
     LATEST,
     ONNX_NAME,
     PROMOTION,
+    REFUSED_DIR,
     VERSION_MANIFEST,
     VERSION_MANIFEST_NAME,
 )
@@ -45,6 +49,11 @@ from horovod_airflow.operators.model_registry.latest import (
     write_latest,
 )
 from horovod_airflow.operators.model_registry.publish import _DUE, latest_document
+from horovod_airflow.operators.model_registry.refused import (
+    list_candidates,
+    publish_candidate,
+    read_candidate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +78,14 @@ def read_version(
 
 
 def list_models(bucket_uri: str, *, client: Any | None = None) -> list[str]:
-    """The models that have at least one published version, by name."""
+    """The models that have at least one published version or refused candidate, by name."""
     root = layout.models_root(bucket_uri).rstrip("/") + "/"
     names = set()
     for uri in storage.list_uris(layout.models_root(bucket_uri), client=client):
         parts = uri[len(root) :].split("/") if uri.startswith(root) else []
-        if len(parts) == 3 and parts[2] == VERSION_MANIFEST_NAME:
+        published = len(parts) == 3 and parts[1] != REFUSED_DIR
+        candidate = len(parts) == 4 and parts[1] == REFUSED_DIR
+        if (published or candidate) and parts[-1] == VERSION_MANIFEST_NAME:
             names.add(parts[0])
     return sorted(names)
 
@@ -89,9 +100,21 @@ def list_versions(
     found = []
     for uri in storage.list_uris(prefix, client=client):
         parts = uri[len(root) :].split("/")
-        if len(parts) == 2 and parts[1] == VERSION_MANIFEST_NAME:
+        if len(parts) == 2 and parts[1] == VERSION_MANIFEST_NAME and parts[0] != REFUSED_DIR:
             found.append(VERSION_MANIFEST.loads(storage.read_text(uri, client=client), uri))
     return sorted(found, key=_order, reverse=True)
+
+
+def list_refused_candidates(
+    bucket_uri: str, model_name: str, *, client: Any | None = None
+) -> list[dict[str, Any]]:
+    """The refused runs' candidates (:mod:`.refused`) that are not published, newest first."""
+    published = {m["version"] for m in list_versions(bucket_uri, model_name, client=client)}
+    return [
+        c
+        for c in list_candidates(bucket_uri, model_name, client=client)
+        if c["version"] not in published
+    ]
 
 
 def _order(manifest: dict[str, Any]) -> tuple[str, str]:
@@ -179,11 +202,16 @@ def promote_version(
             "refusing to promote: say who (actor) and why (reason); both are recorded"
         )
     manifest = read_version(bucket_uri, model_name, version, client=client)
+    candidate = None
+    if manifest is None:
+        manifest = candidate = read_candidate(bucket_uri, model_name, version, client=client)
     if manifest is None:
         known = [m["version"] for m in list_versions(bucket_uri, model_name, client=client)]
+        refused = [m["version"] for m in list_candidates(bucket_uri, model_name, client=client)]
         raise PromotionRefusedError(
-            f"refusing to promote {model_name} {version}: it is not a published version "
-            f"(no {VERSION_MANIFEST_NAME}); published: {', '.join(known) or 'none'}"
+            f"refusing to promote {model_name} {version}: it is neither a published version "
+            f"nor a refused candidate (no {VERSION_MANIFEST_NAME}); published: "
+            f"{', '.join(known) or 'none'}; refused candidates: {', '.join(refused) or 'none'}"
         )
     if "preprocessing" not in manifest or ONNX_NAME not in manifest["files"]:
         raise PromotionRefusedError(
@@ -222,6 +250,11 @@ def promote_version(
     if override:
         record["override_reason"] = str(override_reason)
     record = PROMOTION.stamp(record)
+    if candidate is not None:  # a refused run's model: published first, latest.json last
+        try:
+            manifest = publish_candidate(bucket_uri, model_name, candidate, client=client)
+        except PublishRefusedError as e:
+            raise PromotionRefusedError(f"refusing to promote {model_name} {version}: {e}") from e
     prefix = version_prefix(bucket_uri, model_name, version)
     latest = LATEST.stamp(
         {

@@ -39,6 +39,10 @@
 #   HVA_STACK_AIRFLOW_PORT host port of the Airflow UI / REST API, 127.0.0.1 (28080)
 #   HVA_STACK_S3_PORT      host port of the S3 API, 127.0.0.1 (29000)
 #   HVA_STACK_REBUILD      1: rebuild the trainer and Airflow images even when their inputs match
+#   HVA_STACK_AIRFLOW_IMAGE, HVA_STACK_TRAINER_IMAGE  the images a new settings file names
+#                          (default: the names of .env.example); e.g. the inputs-<hash> tags
+#                          that `images` writes to $HVA_STACK_STATE/image-tags.txt, which no
+#                          other checkout building on this engine moves
 #   HOROVOD_BUILD_CUDA_CC_LIST  passed to the trainer build (.env.example's default: 80,90)
 # Needs root (rootful podman). Exit 2: this machine cannot run the engine.
 set -euo pipefail
@@ -122,6 +126,8 @@ write_envfile() {
         HVA_MAX_REGRESSION_CEILING) value=1 ;;
         HOROVOD_BUILD_CUDA_CC_LIST) value=${HOROVOD_BUILD_CUDA_CC_LIST:-$value} ;;
         HVA_DOCKER_NETWORK) value=$project-training ;;
+        HVA_AIRFLOW_IMAGE) value=${HVA_STACK_AIRFLOW_IMAGE:-$value} ;;
+        HVA_TRAINER_IMAGE) value=${HVA_STACK_TRAINER_IMAGE:-$value} ;;
       esac
       echo "$key=$value"
     done
@@ -217,6 +223,9 @@ build_project_image() {
   hash=$(hash_inputs "$root" "$from_ids" "${args[*]:-}" -- "$dockerfile" "$ignore" $paths)
   repo=${name%:*}
   tag="$repo:inputs-$hash"
+  # The content-addressed tag, for a stack that must run exactly these inputs: NAME itself is
+  # moved by whichever checkout on this engine built last.
+  echo "$what=$tag" >>"$state/image-tags.txt"
   if [ "${HVA_STACK_REBUILD:-0}" != 1 ] && [ -n "$(image_id "$tag")" ]; then
     podman_ tag "$tag" "$name"
     log "$what image is current: $name ($tag)"

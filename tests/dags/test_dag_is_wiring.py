@@ -188,7 +188,7 @@ def _load_dag(path: Path, name: str = "retrain_dag"):
 PIPELINE_TASKS = {
     "stage_dataset": "StageDatasetOperator", "train": "HorovodTrainOperator",
     "gate": "ModelGateOperator", "export_onnx": "HorovodExportOperator",
-    "publish": "PublishModelOperator",
+    "publish": "PublishModelOperator", "record_refused": "RecordRefusedOperator",
 }  # fmt: skip
 #: What the deployment sets for every model's jobs and gate: none of it may differ per app.
 SHARED = {
@@ -199,21 +199,24 @@ SHARED = {
     "gate": ("min_accuracy_floor", "max_regression_ceiling", "on_refused", "stale_after_runs",
              "stale_after_days", "aws_conn_id", "bucket_uri"),
     "publish": ("aws_conn_id", "bucket_uri"),
+    "record_refused": ("aws_conn_id", "bucket_uri"),
     "stage_dataset": ("aws_conn_id", "bucket_uri"),
 }  # fmt: skip
 
 
 def test_both_retrain_dags_are_the_one_pipeline():
-    """MNIST and the waveforms app get the same five tasks, chained the same way, with the same
+    """MNIST and the waveforms app get the same six tasks, chained the same way, with the same
     deployment settings — the docker launcher's network, image and GPUs included (the copy
     that once ran waveforms' docker jobs without them is gone) — and differ only in what the
     app declares: its model, dataset and programs."""
     mnist, waveforms = _load_dag(RETRAIN_DAG), _load_dag(WAVEFORMS_DAG)
-    order = list(PIPELINE_TASKS)
+    order = list(PIPELINE_TASKS)[:-1]  # ... export_onnx >> [publish, record_refused]
     for dag in (mnist, waveforms):
         assert {t: type(op).__name__ for t, op in dag.task_dict.items()} == PIPELINE_TASKS
         for before, after in itertools.pairwise(order):
             assert after in dag.task_dict[before].downstream_task_ids, (dag.dag_id, before)
+        assert dag.task_dict["export_onnx"].downstream_task_ids == {"publish", "record_refused"}
+        assert dag.task_dict["gate"].refused_branch == ("record_refused",)
     edges = [
         {t: op.downstream_task_ids for t, op in d.task_dict.items()} for d in (mnist, waveforms)
     ]

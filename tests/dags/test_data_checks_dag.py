@@ -27,7 +27,7 @@ from tests.mnist_subset import read_split, write_dataset, write_subset
 
 REPO = Path(__file__).resolve().parents[2]
 MNIST = REPO / "data" / "mnist"
-DOWNSTREAM = ("train", "gate", "export_onnx", "publish")
+DOWNSTREAM = ("train", "gate", "export_onnx", "publish", "record_refused")
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from horovod_airflow.core import storage
+from horovod_airflow.operators.model_registry.promote import list_refused_candidates, list_versions
 from horovod_airflow.operators.pipeline import run_prefix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +96,7 @@ def test_dag_shape_schedule_and_form():
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert dag.doc_md and "gate" in dag.doc_md
     assert [t.task_id for t in dag.topological_sort()] == [
-        "stage_dataset", "train", "gate", "export_onnx", "publish"
+        "stage_dataset", "train", "gate", "export_onnx", "publish", "record_refused"
     ]  # fmt: skip
     publish = dag.get_task("publish")
     assert [o.uri for o in publish.outlets] == ["s3://shape-check/models/mnist_cnn/latest.json"]
@@ -245,6 +247,11 @@ def _keys(client, bucket: str, prefix: str = "") -> dict[str, str]:
 
 
 SMALL_RUN = {"num_proc": 2, "epochs": 1, "max_train_samples": 3000}
+#: The task states of a run whose gate passed: everything ran but the refused branch.
+PUBLISHED_RUN = {
+    **dict.fromkeys(("stage_dataset", "train", "gate", "export_onnx", "publish"), "success"),
+    "record_refused": "skipped",
+}
 
 
 @pytest.mark.slow
@@ -266,7 +273,7 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(
     run = dag.test(run_conf={**SMALL_RUN, "min_accuracy": 0.5})
     states = _states(run)
     assert run.state == DagRunState.SUCCESS, states
-    assert set(states.values()) == {"success"}, states
+    assert states == PUBLISHED_RUN, states
 
     keys = _keys(client, bucket)
     datasets = sorted(k for k in keys if k.startswith("datasets/mnist/"))
@@ -307,7 +314,8 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(
     _assert_no_secret_left(run, output.out + output.err, s3_server)
 
     # 2. A run whose gate cannot pass, triggered through the real Airflow CLI with a conf:
-    #    export and publish skipped, latest.json untouched, the dataset not uploaded again.
+    #    publish skipped, latest.json untouched, the dataset not uploaded again; its exported
+    #    model kept as a refused candidate (models/<model>/refused/<version>/), nothing else.
     latest_before = _get(client, bucket, "models/mnist_cnn/latest.json")
     conf = json.dumps({**SMALL_RUN, "min_accuracy": 0.9999})
     cli = subprocess.run(
@@ -319,7 +327,7 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(
     states2 = _cli_run_states("mnist_horovod_retrain", conf)
     assert states2 == {
         "stage_dataset": "success", "train": "success", "gate": "success",
-        "export_onnx": "skipped", "publish": "skipped",
+        "export_onnx": "success", "publish": "skipped", "record_refused": "success",
     }, states2  # fmt: skip
     latest_after = _get(client, bucket, "models/mnist_cnn/latest.json")
     assert latest_after == latest_before
@@ -332,7 +340,29 @@ def test_pipeline_publishes_then_a_gated_run_changes_nothing(
     gate = json.loads(_get(client, bucket, gates[0]))
     assert gate["passed"] is False and "below the floor" in gate["reason"]
     assert gate["min_accuracy"] == 0.9999
-    assert not any(k.startswith("models/") and k not in keys for k in keys2)
+    new_models = sorted(k for k in keys2 if k.startswith("models/") and k not in keys)
+    (candidate,) = list_refused_candidates(f"s3://{bucket}", "mnist_cnn", client=client)
+    prefix = f"models/mnist_cnn/refused/{candidate['version']}/"
+    assert new_models == sorted(
+        prefix + n for n in ("model.onnx", "checkpoint.pt", "metrics.json", "parity.json",
+                             "manifest.json", "training_curves.png", "summary.md")
+    )  # fmt: skip
+    assert candidate["gate"] == gate and candidate["source_run"] + "/gate.json" == (
+        f"s3://{bucket}/{gates[0]}"
+    )
+    assert [v["version"] for v in list_versions(f"s3://{bucket}", "mnist_cnn", client=client)] == [
+        version
+    ]  # the candidate is no published version
+    # Its ONNX file is the run's export (the sha256 its manifest records) and runs in
+    # onnxruntime on the test split, scoring what the run measured.
+    candidate_onnx = _get(client, bucket, prefix + "model.onnx")
+    assert storage.sha256_bytes(candidate_onnx) == candidate["files"]["model.onnx"]["sha256"]
+    out = subprocess.run([sys.executable, "-c", code, str(metrics["val_samples"])],
+                         input=candidate_onnx, capture_output=True, check=True,
+                         env=os.environ.copy(), timeout=120)  # fmt: skip
+    assert float(out.stdout.decode().strip()) == pytest.approx(
+        candidate["metrics"]["val_accuracy"], abs=0.002
+    )
 
     # 3. The serving-side consumer verifies and runs the published model.
     serve = _deploy(bucket, "dags.serve_latest_model").serve_dag
@@ -545,7 +575,7 @@ def test_a_train_whose_result_read_failed_is_returned_by_the_retry_and_the_run_p
     states = _states(run)
     assert [a for a in proxy.answered if a[2] == 503], "the metrics read was never throttled"
     assert run.state == DagRunState.SUCCESS, states
-    assert set(states.values()) == {"success"}, states
+    assert states == PUBLISHED_RUN, states
     (train,) = [ti for ti in run.get_task_instances() if ti.task_id == "train"]
     assert train.try_number == 2, proxy.answered
     assert text.count("launching 2 ranks") == 1, "try 2 trained again"

@@ -25,6 +25,11 @@ EXAMPLE_DAGS = REPO / "examples" / "waveforms" / "dags"
 HEAVY = ("torch", "horovod", "onnx", "onnxruntime", "matplotlib", "torchvision")
 MNIST_SMALL_RUN = {"num_proc": 2, "epochs": 1, "max_train_samples": 3000, "min_accuracy": 0.5}
 EXAMPLE_RUN = {"num_proc": 2, "epochs": 12, "min_accuracy": 0.6}
+#: A run whose gate passed: everything ran but the refused branch (record_refused).
+PUBLISHED_RUN = {
+    **dict.fromkeys(("stage_dataset", "train", "gate", "export_onnx", "publish"), "success"),
+    "record_refused": "skipped",
+}
 
 
 @pytest.fixture
@@ -123,7 +128,7 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     run = example.retrain_dag.test(run_conf=EXAMPLE_RUN)
     states = _states(run)
     assert run.state == DagRunState.SUCCESS, states
-    assert set(states.values()) == {"success"}, states
+    assert states == PUBLISHED_RUN, states
 
     # 3. Both published, each its own version; MNIST's objects untouched by the example.
     wave_latest = _check_published(client, bucket, "waveform_cnn")
@@ -236,7 +241,7 @@ def test_example_dag_uses_the_project_operators_with_its_own_pieces(bundles):
     mod = _deploy("shape-check", "examples.waveforms.dags.waveforms_retrain")
     dag = mod.retrain_dag
     assert [t.task_id for t in dag.topological_sort()] == [
-        "stage_dataset", "train", "gate", "export_onnx", "publish"
+        "stage_dataset", "train", "gate", "export_onnx", "publish", "record_refused"
     ]  # fmt: skip
     stage, train, gate = dag.get_task("stage_dataset"), dag.get_task("train"), dag.get_task("gate")
     assert stage.files == ["*.npy"] and stage.dataset_name == "waveforms"

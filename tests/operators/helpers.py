@@ -189,6 +189,46 @@ def publish_centroid_model(
     )  # fmt: skip
 
 
+def refused_centroid_candidate(
+    s3: Any,
+    bucket: str,
+    staged: dict[str, Any],
+    train: Any,
+    test: Any,
+    *,
+    version: str,
+    dag_run_id: str,
+    reason: str,
+) -> dict[str, Any]:
+    """A nearest-centroid ONNX model of ``train`` whose run the gate refused (``reason``),
+    kept as a refused candidate by the real registry (``record_refused``); its recorded
+    accuracy is the true one on ``test``."""
+    import numpy as np
+
+    from horovod_airflow.core import contract, storage
+    from horovod_airflow.operators.model_registry.refused import record_refused
+    from horovod_airflow.trainer.model import preprocessing
+
+    weights, bias = centroid_classifier(*train)
+    images, labels = test
+    x = contract.apply_preprocessing(preprocessing(), images).reshape(len(images), -1)
+    true = float(((x @ weights + bias).argmax(axis=1) == np.asarray(labels)).mean())
+    run = f"s3://{bucket}/runs/fake/{version}"
+    put_run_artifacts(s3, run, accuracy=true, onnx_bytes=linear_onnx_model(weights, bias),
+                      val_samples=len(labels))  # fmt: skip
+    gate = {"passed": False, "reason": reason, "challenger_accuracy": true, "min_accuracy": 0.99,
+            "max_regression": 0.0}  # fmt: skip
+    storage.write_text(f"{run}/gate.json", contract.GATE.dumps(gate), client=s3)
+    manifest = record_refused(
+        bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", version=version, run_output=run,
+        onnx_uri=f"{run}/onnx/model.onnx", parity_uri=f"{run}/onnx/parity.json",
+        dataset={"uri": staged["uri"], "content_hash": staged["content_hash"]}, gate=gate,
+        dag_run_id=dag_run_id, client=s3,
+    )  # fmt: skip
+    assert manifest is not None
+    return manifest
+
+
 def put_run_artifacts(
     s3: Any,
     run: str,

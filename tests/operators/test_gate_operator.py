@@ -191,6 +191,44 @@ def test_a_failed_gate_skips_export_and_publish_and_leaves_latest_untouched(
     assert sorted(xcoms[("gate", "skipmixin_key")]["skipped"]) == ["export_onnx", "publish"]
 
 
+def test_a_refusing_gate_leaves_its_refused_branch_and_what_it_needs_to_run(
+    s3_server, airflow_db, tmp_path, monkeypatch
+):
+    """The pipeline's wiring: gate → export_onnx → [publish, record_refused] with
+    ``refused_branch=["record_refused"]``: a refusal skips publish only."""
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("gate")
+    _champion(client, bucket, 0.99)
+    dag_id = f"gate_{uuid.uuid4().hex[:8]}"
+    run = f"s3://{bucket}/runs/{dag_id}"
+    source = GATE_DAG.format(dag_id=dag_id, accuracy=0.95, run=run, bucket_uri=f"s3://{bucket}",
+                             dataset=DATASET)  # fmt: skip
+    source = source.replace("        max_regression=0.01,\n", "        max_regression=0.01,\n"
+                            "        refused_branch=['record_refused'],\n")  # fmt: skip
+    source = source.replace(
+        "    gate >> export_onnx() >> publish()",
+        "    @task\n    def record_refused() -> str:\n        return 'recorded'\n\n"
+        "    gate >> export_onnx() >> [publish(), record_refused()]",
+    )
+    dag = dag_in_bundle(tmp_path, monkeypatch, dag_id, source)
+    assert dag.get_task("gate").refused_branch == ("record_refused",)
+
+    states = {ti.task_id: str(ti.state) for ti in dag.test(run_conf={"floor": 0.9})
+              .get_task_instances()}  # fmt: skip
+    assert states == {
+        "train": "success", "gate": "success", "export_onnx": "success", "publish": "skipped",
+        "record_refused": "success",
+    }, states  # fmt: skip
+
+
+def test_refused_branch_is_a_list_of_task_ids():
+    with pytest.raises(ValueError, match="refused_branch must be a list of task ids"):
+        ModelGateOperator(task_id="gate", bucket_uri="s3://b", model_name="m",
+                          metrics={"val_accuracy": 1.0, "output": "s3://b/r"},
+                          dataset={"uri": "s3://b/d"}, min_accuracy=0.5,
+                          refused_branch="record_refused")  # fmt: skip
+
+
 def test_a_passed_gate_returns_its_decision_and_lets_the_chain_run(
     s3_server, airflow_db, tmp_path, monkeypatch
 ):

@@ -13,6 +13,7 @@ from horovod_airflow.operators import (
     ModelGateOperator,
     PublishModelOperator,
     PublishRefusedError,
+    RecordRefusedOperator,
 )
 from horovod_airflow.operators.model_registry import run_version
 from tests.operators.helpers import put_run_artifacts, undocumented_template_fields
@@ -162,3 +163,54 @@ def test_a_decision_that_renders_as_text_fails_naming_it():
     op.decision = "{'passed': True}"  # rendered without render_template_as_native_obj
     with pytest.raises(HorovodConfigError, match="publish: decision must be a dict"):
         op.execute(_context())
+
+
+def _record_refused_op(trained: dict, exported: dict, bucket: str) -> RecordRefusedOperator:
+    return RecordRefusedOperator(
+        task_id="record_refused", bucket_uri=f"s3://{bucket}", model_name="mnist_cnn",
+        metrics=trained, exported=exported, dataset=DATASET, aws_conn_id=None,
+    )  # fmt: skip
+
+
+def test_record_refused_template_fields_are_documented():
+    assert set(RecordRefusedOperator.template_fields) == {
+        "bucket_uri", "model_name", "metrics", "exported", "dataset",
+    }  # fmt: skip
+    assert undocumented_template_fields(RecordRefusedOperator) == []
+
+
+def test_record_refused_keeps_a_refused_runs_model_and_skips_after_a_pass(s3_server):
+    """The refused branch: a refusal (the run's gate.json) keeps the model as the candidate
+    named by the run, latest.json untouched; after a pass the task skips itself."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("refused")
+    publish, _ = _gate_and_publish(s3_server, bucket, 0.991, "champion")
+    publish.execute(_context("manual__champion"))
+    before = _objects(client, bucket, "models/mnist_cnn/")
+    trained, exported = put_run_artifacts(client, f"s3://{bucket}/runs/worse", accuracy=0.6)
+    gate = ModelGateOperator(
+        task_id="gate", bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", metrics=trained,
+        dataset=DATASET, min_accuracy=0.9, aws_conn_id=None,
+    )  # fmt: skip
+    assert gate.execute({"task": gate}) is None  # refused: writes gate.json, no decision
+    context = _context()
+
+    kept = _record_refused_op(trained, exported, bucket).execute(context)
+
+    version = run_version("retrain", context["run_id"], DUE)
+    prefix = f"s3://{bucket}/models/mnist_cnn/refused/{version}"
+    assert kept["recorded"] is True and kept["version"] == version and kept["uri"] == prefix
+    assert kept["val_accuracy"] == 0.6 and "below the floor" in kept["gate_reason"]
+    after = _objects(client, bucket, "models/mnist_cnn/")
+    assert {k: v for k, v in after.items() if k in before} == before  # latest.json too
+    assert all(k.startswith(f"models/mnist_cnn/refused/{version}/") for k in after.keys() - before)
+
+    passed, passed_export = put_run_artifacts(client, f"s3://{bucket}/runs/fine", accuracy=0.995)
+    ModelGateOperator(
+        task_id="gate", bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", metrics=passed,
+        dataset=DATASET, min_accuracy=0.9, max_regression=0.5, aws_conn_id=None,
+    ).execute({})  # fmt: skip
+    with pytest.raises(AirflowSkipException, match="the gate passed"):
+        _record_refused_op(passed, passed_export, bucket).execute(_context("manual__fine"))

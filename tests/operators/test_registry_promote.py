@@ -12,16 +12,18 @@ import pytest
 
 from horovod_airflow.core import contract, storage
 from horovod_airflow.core.contract import GATE, LATEST, PROMOTION
-from horovod_airflow.operators.exceptions import ChampionChangedError
+from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
 from horovod_airflow.operators.model_registry import read_latest
 from horovod_airflow.operators.model_registry.promote import (
     PromotionRefusedError,
     list_models,
+    list_refused_candidates,
     list_versions,
     promote_version,
     read_history,
     refused_runs,
 )
+from horovod_airflow.operators.model_registry.refused import record_refused
 from tests.conftest import REPO
 from tests.operators.test_model_registry import _fake_run, _gate, _publish
 
@@ -108,7 +110,11 @@ def test_below_the_floor_needs_an_admin_override_recorded_with_its_reason(s3_ser
 @pytest.mark.parametrize(
     ("kw", "says"),
     [
-        ({"version": "v9"}, f"v9: it is not a published version.*published: {V2}, {V1}"),
+        (
+            {"version": "v9"},
+            f"v9: it is neither a published version nor a refused candidate"
+            f".*published: {V2}, {V1}; refused candidates: none",
+        ),
         ({"version": "../v1"}, "not a safe version name"),
         ({"actor": " "}, "say who"),
         ({"reason": ""}, "say who .* and why"),
@@ -167,6 +173,7 @@ def test_the_cli_refuses_without_a_serving_asset_and_changes_nothing(s3_server, 
     assert listed.returncode == 0, listed.stderr
     out = json.loads(listed.stdout)
     assert out["latest"]["version"] == V2 and [v["version"] for v in out["versions"]] == [V2, V1]
+    assert out["refused_candidates"] == []
 
 
 CONSUMER = """
@@ -238,3 +245,84 @@ def test_the_cli_rolls_back_and_records_the_event_serving_follows(
         ).all()
     assert [e["version"] for e in extras] == [V1]
     assert extras[0]["onnx_sha256"] == answer["latest"]["onnx_sha256"]
+
+
+V3 = "v20261203T000000Z-333333333333"
+REFUSAL = {
+    "passed": False,
+    "reason": "accuracy 99.5000% is below the floor 99.9900%",
+    "challenger_accuracy": 0.995,
+    "min_accuracy": 0.9999,
+    "max_regression": 0.01,
+}
+
+
+def _refused_candidate(s3_server, bucket_uri, client):
+    """V3: a run the gate refused, its export kept as a refused candidate."""
+    bucket = bucket_uri.removeprefix("s3://")
+    run, onnx, parity = _fake_run(s3_server, bucket, 0.995)
+    storage.write_text(f"{run}/gate.json", GATE.dumps(REFUSAL), client=client)
+    kw = dict(bucket_uri=bucket_uri, model_name="mnist_cnn", version=V3, run_output=run,
+              onnx_uri=onnx, parity_uri=parity, dag_run_id="scheduled__3", client=client,
+              dataset={"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"})  # fmt: skip
+    return record_refused(gate=REFUSAL, **kw), kw
+
+
+def test_a_refused_run_is_kept_as_a_candidate_that_serving_never_sees(s3_server):
+    bucket_uri, client = _two_versions(s3_server)
+    before = storage.read_text(f"{bucket_uri}/models/mnist_cnn/latest.json", client=client)
+    candidate, kw = _refused_candidate(s3_server, bucket_uri, client)
+
+    assert candidate["gate"] == REFUSAL and candidate["version"] == V3
+    prefix = f"{bucket_uri}/models/mnist_cnn/refused/{V3}"
+    for name, entry in candidate["files"].items():
+        assert entry["uri"] == f"{prefix}/{name}"
+        data = storage.read_bytes(entry["uri"], client=client)
+        assert storage.sha256_bytes(data) == entry["sha256"], name
+    # latest.json untouched; the candidate is listed as one, not as a published version.
+    assert storage.read_text(f"{bucket_uri}/models/mnist_cnn/latest.json", client=client) == before
+    assert [v["version"] for v in list_versions(bucket_uri, "mnist_cnn", client=client)] == [V2, V1]
+    candidates = list_refused_candidates(bucket_uri, "mnist_cnn", client=client)
+    assert [c["version"] for c in candidates] == [V3]
+    assert not storage.exists(f"{bucket_uri}/models/mnist_cnn/{V3}/manifest.json", client=client)
+    # A retry finds it complete; a passed decision, or another run's model, is refused.
+    assert record_refused(gate=REFUSAL, **kw) == candidate
+    with pytest.raises(PublishRefusedError, match="the gate passed"):
+        record_refused(gate={**REFUSAL, "passed": True}, **kw)
+    with pytest.raises(PublishRefusedError, match="already holds the model of run"):
+        record_refused(gate=REFUSAL, **{**kw, "dag_run_id": "scheduled__other"})
+
+
+def test_a_refused_candidate_is_promoted_only_by_an_admin_with_a_reason(s3_server):
+    bucket_uri, client = _two_versions(s3_server)
+    _refused_candidate(s3_server, bucket_uri, client)
+    for kw, says in [
+        ({}, "its gate did not pass .*below the floor 99.9900%.*needs an admin override"),
+        ({"admin": True}, "needs an override reason"),
+        ({"override_reason": "no admin"}, "needs an admin override"),
+    ]:
+        with pytest.raises(PromotionRefusedError, match=says):
+            _promote(bucket_uri, client, version=V3, **kw)
+        assert read_latest(bucket_uri, "mnist_cnn", client=client)[0]["version"] == V2
+        assert not storage.exists(f"{bucket_uri}/models/mnist_cnn/{V3}/manifest.json",
+                                  client=client)  # fmt: skip
+    assert read_history(bucket_uri, "mnist_cnn", client=client) == []
+
+    latest, record = _promote(bucket_uri, client, version=V3, admin=True,
+                              override_reason="the floor was a typo")  # fmt: skip
+    # Published first (models/<model>/<version>/, where serving loads from), then latest.json.
+    assert latest["version"] == V3 and latest["uri"] == f"{bucket_uri}/models/mnist_cnn/{V3}"
+    assert read_latest(bucket_uri, "mnist_cnn", client=client)[0] == latest
+    assert record["action"] == "promote" and record["override"] is True
+    assert record["override_reason"] == "the floor was a typo"
+    assert "its gate did not pass" in record["checks"][0]
+    (published,) = [m for m in list_versions(bucket_uri, "mnist_cnn", client=client)
+                    if m["version"] == V3]  # fmt: skip
+    assert published["gate"] == REFUSAL  # it stays marked refused
+    for name, entry in published["files"].items():
+        assert entry["uri"] == f"{bucket_uri}/models/mnist_cnn/{V3}/{name}"
+        data = storage.read_bytes(entry["uri"], client=client)
+        assert storage.sha256_bytes(data) == entry["sha256"], name
+    assert latest["onnx_sha256"] == published["files"]["model.onnx"]["sha256"]
+    assert list_refused_candidates(bucket_uri, "mnist_cnn", client=client) == []
+    assert list_models(bucket_uri, client=client) == ["mnist_cnn"]

@@ -434,3 +434,37 @@ def test_a_running_dag_without_a_run_prefix_yet_holds_dataset_deletions(s3_serve
                                     dag_is_active=lambda dag_id: False,
                                     dag_ids=["mnist_horovod_retrain"])  # fmt: skip
     assert [p.uri for p in idle.delete] == [orphan[0]]
+
+
+def test_a_refused_candidate_and_the_dataset_it_names_are_kept(s3_server):
+    """A refused run's model kept as a refused candidate (an admin may promote it): nothing
+    under models/ goes, and its dataset stays though no published version names it."""
+    from horovod_airflow.core.contract import GATE
+    from horovod_airflow.operators.model_registry.refused import record_refused
+    from tests.operators.helpers import put_run_artifacts
+
+    s3 = s3_server.client()
+    bucket = s3_server.new_bucket("retain-refused")
+    dataset, content_hash = fake_dataset(s3, bucket, "mnist")
+    refused = run_prefix(bucket, "fake", "scheduled__refused")
+    _, exported = put_run_artifacts(s3, refused, accuracy=0.5)
+    gate = {"passed": False, "reason": "below the floor", "challenger_accuracy": 0.5,
+            "min_accuracy": 0.9, "max_regression": 0.0}  # fmt: skip
+    storage.write_text(f"{refused}/gate.json", GATE.dumps(gate), client=s3)
+    record_refused(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", version=V1,
+                   run_output=refused, onnx_uri=exported["onnx_uri"],
+                   parity_uri=exported["parity_uri"], gate=gate, dag_run_id="scheduled__refused",
+                   dataset={"uri": dataset, "content_hash": content_hash}, client=s3)  # fmt: skip
+    split = _split_phases()
+    write_run(s3, run_prefix(bucket, "fake", "scheduled__newest"), gate=False)
+    models_before = {k: v for k, v in keys(s3, bucket).items() if k.startswith("models/")}
+    assert any(k.startswith(f"models/mnist_cnn/refused/{V1}/") for k in models_before)
+
+    plan = retention.plan_retention(f"s3://{bucket}", POLICY, client=s3, now=split + WINDOW)
+    kept = {p.uri: p.reason for p in plan.keep}
+    assert kept[dataset] == f"named by published mnist_cnn {V1} (refused candidate)", kept
+    assert [p.uri for p in plan.delete] == [refused]  # the candidate holds its own copy
+    retention.apply_plan(plan, client=s3)
+    remaining = keys(s3, bucket)
+    assert {k: v for k, v in remaining.items() if k.startswith("models/")} == models_before
+    assert f"{_key(dataset)}/manifest.json" in remaining

@@ -28,6 +28,12 @@ from tests.engine_scripts import podman_cli_env, run_script
 PROJECT = "hva-stack-test"
 # The stack's start takes a few minutes (the images are built by the stack_images fixture).
 UP_TIMEOUT = 1200
+#: The task states of a retraining run whose gate passed: every task succeeded but the
+#: refused branch (record_refused), which skipped itself.
+PUBLISHED_RUN = {
+    **dict.fromkeys(("stage_dataset", "train", "gate", "export_onnx", "publish"), "success"),
+    "record_refused": "skipped",
+}
 
 
 def load_stack_smoke() -> ModuleType:
@@ -108,6 +114,10 @@ def stack(
         "HVA_STACK_PROJECT": PROJECT,
         "HVA_STACK_AIRFLOW_PORT": str(free_port()),
         "HVA_STACK_S3_PORT": str(free_port()),
+        # This checkout's images, by the tags no other checkout on the engine moves (another
+        # one's `images` re-points the plain names at its own build).
+        "HVA_STACK_AIRFLOW_IMAGE": stack_images["airflow_inputs"],
+        "HVA_STACK_TRAINER_IMAGE": stack_images["trainer_inputs"],
         # A variable of the caller's shell that the compose file also reads: the settings
         # file must win (other tests in the session leave HVA_BUCKET set).
         "HVA_BUCKET": "a-shell-bucket-the-stack-must-not-use",

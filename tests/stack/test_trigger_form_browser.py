@@ -10,6 +10,7 @@ and into docs/ with ``HVA_UPDATE_DOCS_SCREENSHOTS=1`` (how the README's pictures
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -23,7 +24,7 @@ import pytest
 from tests.browser import headless_chromium
 from tests.conftest import REPO
 from tests.engine_scripts import BUILD_TIMEOUT
-from tests.stack.conftest import Stack, load_stack_smoke
+from tests.stack.conftest import PUBLISHED_RUN, Stack, compose_stack, load_stack_smoke
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 2400)]
 
@@ -197,7 +198,7 @@ def test_the_trigger_form_in_a_browser(stack: Stack, browser: Any) -> None:
     assert run["state"] == "success", {
         t: api.task_log(DAG_ID, run_id, t)[-2000:] for t, s in states.items() if s != "success"
     }
-    assert set(states.values()) == {"success"}, states
+    assert states == PUBLISHED_RUN, states
 
     # The finished run's graph, as the user sees it.
     browser.set_window_size(1400, 1000)
@@ -207,3 +208,47 @@ def test_the_trigger_form_in_a_browser(stack: Stack, browser: Any) -> None:
         browser.find_element(By.XPATH, f"//*[normalize-space(text())='{task_id}']")
     time.sleep(3)  # the graph's layout settles
     save_screenshot(browser, stack, "run_graph.png")
+
+
+def test_the_registry_page_lists_the_versions_the_stacks_runs_published(
+    stack: Stack, browser: Any
+) -> None:
+    """The stack's Airflow UI serves the registry page (the plugin from the image's plugins
+    folder): every version the stack's runs published — those of the tests before, or, run
+    alone, one smoke run's — with its accuracy and its run, which one ``latest.json`` names,
+    and its curves."""
+    from selenium.webdriver.common.by import By
+
+    from horovod_airflow.operators.model_registry import read_latest
+    from horovod_airflow.operators.model_registry.promote import list_versions
+
+    smoke = load_stack_smoke()
+    s3 = smoke.s3_client(stack.settings)
+    bucket_uri = f"s3://{stack.settings['HVA_BUCKET']}"
+    versions = list_versions(bucket_uri, smoke.MODEL_NAME, client=s3)
+    if not versions:  # run alone: the stack has published nothing yet
+        summary = json.loads(compose_stack("smoke", stack.script_env, 2400))
+        assert summary["failures"] == [], summary
+        versions = list_versions(bucket_uri, smoke.MODEL_NAME, client=s3)
+    latest, _ = read_latest(bucket_uri, smoke.MODEL_NAME, client=s3)
+    assert latest is not None and versions, versions
+
+    browser.delete_all_cookies()
+    login(browser, stack)
+    browser.get(f"{stack.airflow_url}/horovod-registry/")
+    section = browser.find_element(By.CSS_SELECTOR, f"section[data-model='{smoke.MODEL_NAME}']")
+    rows = section.find_elements(By.CSS_SELECTOR, "tr.version")
+    assert [r.get_attribute("data-version") for r in rows] == [v["version"] for v in versions]
+    for row, version in zip(rows, versions, strict=True):
+        accuracy = row.find_element(By.CSS_SELECTOR, "td.accuracy").text
+        assert accuracy == f"{100 * version['metrics']['val_accuracy']:.2f} %", row.text
+        assert version["dag_run_id"] in row.text
+        assert row.find_element(By.CSS_SELECTOR, "td.gate").text.startswith("passed")
+    assert "latest: " + latest["version"] in section.find_element(By.CSS_SELECTOR, "p.latest").text
+    # The curves the page shows are the published PNGs, served through the page's own API.
+    width = browser.execute_script(
+        "const i = arguments[0]; return i.complete ? i.naturalWidth : 0;",
+        rows[0].find_element(By.CSS_SELECTOR, "img"),
+    )
+    assert width and int(width) > 100, width
+    save_screenshot(browser, stack, "stack_registry_page.png")

@@ -19,7 +19,7 @@ given this model's own pieces:
    `mnist_cnn`, emitting the `waveform_cnn_latest` Asset (`waveforms_serve_latest_model`
    checks it).
 
-The five tasks, their settings and alerts are the pipeline's
+The six tasks, their settings and alerts are the pipeline's
 (`horovod_airflow.operators.pipeline.retraining_pipeline`), exactly as for MNIST; this model's
 part is `examples.waveforms.settings.WAVEFORMS` (a `ModelApp`). The ranks import
 `examples.waveforms`: with `launcher=local` the repository root must be on the worker's

@@ -1,0 +1,174 @@
+"""A refused run's candidate: its exported model kept in the registry where serving never
+looks, so that an admin can still promote it (with an override recorded with its reason).
+
+A run whose gate refused it is recorded under ``models/<model>/refused/<version>/`` (the
+version its run would have published, :func:`~.publish.run_version`): the same files and the
+same ``manifest.json`` (:data:`~horovod_airflow.core.contract.VERSION_MANIFEST`, written last)
+as a published version, its ``gate`` the refusal (``passed: false`` and the ``gate.json``
+reason). Nothing there is ever named by ``latest.json``: serving loads only
+``models/<model>/<version>/`` (``horovod_airflow.operators.serving.in_registry``), and
+recording a candidate never reads or writes ``latest.json``.
+
+Promoting one (:func:`~.promote.promote_version`, an admin override only: its gate did not
+pass) first publishes it: its files are copied to ``models/<model>/<version>/`` and that
+version's ``manifest.json`` is written last, then ``latest.json`` moves by compare-and-swap as
+for any promotion. Runs in the Airflow worker or API server; needs no torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import REFUSED_DIR, VERSION_MANIFEST, VERSION_MANIFEST_NAME
+from horovod_airflow.operators.exceptions import PublishRefusedError
+from horovod_airflow.operators.model_registry.latest import check_version, models_prefix
+from horovod_airflow.operators.model_registry.publish import _DUE, _copy_version
+
+log = logging.getLogger(__name__)
+
+
+def candidate_prefix(bucket_uri: str, model_name: str, version: str) -> str:
+    """Where the refused candidate ``version`` of ``model_name`` is kept."""
+    return storage.join(models_prefix(bucket_uri, model_name), REFUSED_DIR, check_version(version))
+
+
+def read_candidate(
+    bucket_uri: str, model_name: str, version: str, *, client: Any | None = None
+) -> dict[str, Any] | None:
+    """The ``manifest.json`` of a refused candidate, or None when there is none (complete)."""
+    uri = storage.join(candidate_prefix(bucket_uri, model_name, version), VERSION_MANIFEST_NAME)
+    if not storage.exists(uri, client=client):
+        return None
+    return VERSION_MANIFEST.loads(storage.read_text(uri, client=client), uri)
+
+
+def list_candidates(
+    bucket_uri: str, model_name: str, *, client: Any | None = None
+) -> list[dict[str, Any]]:
+    """Every refused candidate's manifest of ``model_name``, newest first."""
+    prefix = storage.join(models_prefix(bucket_uri, model_name), REFUSED_DIR)
+    root = prefix.rstrip("/") + "/"
+    found = []
+    for uri in storage.list_uris(prefix, client=client):
+        parts = uri[len(root) :].split("/")
+        if len(parts) == 2 and parts[1] == VERSION_MANIFEST_NAME:
+            found.append(VERSION_MANIFEST.loads(storage.read_text(uri, client=client), uri))
+    return sorted(found, key=candidate_order, reverse=True)
+
+
+def candidate_order(manifest: dict[str, Any]) -> tuple[str, str]:
+    due = _DUE.match(str(manifest.get("version")))
+    return (due.group(1) if due else "", str(manifest.get("published_at")))
+
+
+def record_refused(
+    *,
+    bucket_uri: str,
+    model_name: str,
+    version: str,
+    run_output: str,
+    onnx_uri: str,
+    parity_uri: str,
+    dataset: dict[str, Any],
+    gate: dict[str, Any],
+    dag_run_id: str,
+    client: Any | None = None,
+) -> dict[str, Any] | None:
+    """Keep a refused run's exported model as the candidate ``version``; return its manifest.
+
+    Idempotent per run, as a publish is: a complete candidate of this run and decision is not
+    copied again; one recorded under another decision (the gate ran again) is copied again.
+    Returns None, recording nothing, when ``version`` is already published (the run passed an
+    earlier gate and was published: the registry has its model). Raises
+    :class:`PublishRefusedError` for a decision that passed (that run publishes), a failed
+    ONNX parity, or a candidate of ``version`` that holds another run's model.
+    """
+    if gate.get("passed"):
+        raise PublishRefusedError(
+            "refusing to record a refused candidate: the gate passed, so the run publishes"
+        )
+    try:
+        check_version(version)
+    except ValueError as e:
+        raise PublishRefusedError(f"refusing to record a refused candidate: {e}") from e
+    published = storage.join(models_prefix(bucket_uri, model_name), version, VERSION_MANIFEST_NAME)
+    if storage.exists(published, client=client):
+        log.warning("%s %s is published already: no refused candidate kept", model_name, version)
+        return None
+    prefix = candidate_prefix(bucket_uri, model_name, version)
+    manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
+    earlier = read_candidate(bucket_uri, model_name, version, client=client)
+    if earlier is not None:
+        if earlier.get("dag_run_id") != dag_run_id or earlier.get("source_run") != run_output:
+            raise PublishRefusedError(
+                f"refusing to record a refused candidate: {prefix} already holds the model of "
+                f"run {earlier.get('dag_run_id')!r} ({earlier.get('source_run')}), not of "
+                f"{dag_run_id!r} ({run_output})"
+            )
+        if earlier.get("gate") == gate:
+            log.info("%s is complete from an earlier try: not copied again", prefix)
+            return earlier
+    manifest = _copy_version(
+        prefix=prefix,
+        model_name=model_name,
+        version=version,
+        run_output=run_output,
+        onnx_uri=onnx_uri,
+        parity_uri=parity_uri,
+        dataset=dataset,
+        gate=gate,
+        dag_run_id=dag_run_id,
+        client=client,
+    )
+    storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
+    log.info(
+        "recorded the refused candidate %s %s at %s (not published: %s)",
+        model_name,
+        version,
+        prefix,
+        gate.get("reason"),
+    )
+    return manifest
+
+
+def publish_candidate(
+    bucket_uri: str, model_name: str, candidate: dict[str, Any], *, client: Any | None = None
+) -> dict[str, Any]:
+    """Copy a refused candidate to ``models/<model>/<version>/`` (its ``manifest.json``
+    written last) and return that manifest; ``latest.json`` is the caller's to move.
+
+    A version already published from the same run (a promotion that lost its compare-and-swap
+    copied it before) is returned as it is; one holding another run's model is refused
+    (:class:`PublishRefusedError`).
+    """
+    version = check_version(candidate["version"])
+    prefix = storage.join(models_prefix(bucket_uri, model_name), version)
+    manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
+    if storage.exists(manifest_uri, client=client):
+        earlier = VERSION_MANIFEST.loads(
+            storage.read_text(manifest_uri, client=client), manifest_uri
+        )
+        if (earlier.get("dag_run_id"), earlier.get("source_run")) != (
+            candidate.get("dag_run_id"),
+            candidate.get("source_run"),
+        ):
+            raise PublishRefusedError(
+                f"refusing to publish the refused candidate {version}: {prefix} holds the model "
+                f"of run {earlier.get('dag_run_id')!r}"
+            )
+        return earlier
+    files = {}
+    for name, entry in candidate["files"].items():
+        uri = storage.copy(entry["uri"], storage.join(prefix, name), client=client)
+        files[name] = {**entry, "uri": uri}
+    manifest = {
+        **candidate,
+        "files": files,
+        "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
+    log.info("published the refused candidate %s %s at %s", model_name, version, prefix)
+    return manifest
