@@ -18,9 +18,9 @@ file                      format (``Schema``)                  written by → re
                           (:data:`PARITY`)
 ``gate.json``             ``horovod-airflow/gate-v1``          gate → people, ``run_pipeline``
                           (:data:`GATE`)
-``manifest.json``         ``horovod-airflow/version-v2``       publish → publish (retry), serving
+``manifest.json``         ``horovod-airflow/version-v3``       publish → publish (retry), serving
 (a published version)     (:data:`VERSION_MANIFEST`)
-``refused/<v>/manifest``  ``horovod-airflow/version-v2``       record_refused → the registry
+``refused/<v>/manifest``  ``horovod-airflow/version-v3``       record_refused → the registry
 (a refused candidate)     (:data:`VERSION_MANIFEST`, gate      page, promote (admin override)
                           ``passed: false``)
 ``latest.json``           ``horovod-airflow/latest-v3``        publish, promote → gate, serving,
@@ -365,9 +365,13 @@ GATE = Schema(
     },
 )
 
+#: ``manifest.json`` before an elastic run's world history (no ``elastic``); still read.
+LEGACY_VERSION_FORMAT = "horovod-airflow/version-v2"
+
 VERSION_MANIFEST = Schema(
     VERSION_MANIFEST_NAME,
-    "horovod-airflow/version-v2",
+    # v3: ``elastic`` (:func:`elastic_summary`) where the run trained elastic.
+    "horovod-airflow/version-v3",
     required={
         "model": str,
         "version": str,
@@ -380,9 +384,33 @@ VERSION_MANIFEST = Schema(
         "published_at": str,
         "preprocessing": dict,
     },
-    optional={"epochs": int, "world_size": int, "versions": dict},
-    legacy={LEGACY_MODEL_FORMAT: ("preprocessing",)},
+    optional={"epochs": int, "world_size": int, "versions": dict, "elastic": dict},
+    legacy={LEGACY_VERSION_FORMAT: (), LEGACY_MODEL_FORMAT: ("preprocessing",)},
 )
+
+
+def elastic_summary(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What an elastic run's ``metrics.json`` ``elastic`` block tells a person after the run
+    (the train task's XCom, a version's manifest and summary): the world sizes in order, each
+    change (when, epoch, samples into it, from, to, hosts left or joined), the steps and
+    samples trained again after a reset and the commit interval. None for a run that did not
+    train elastic."""
+    block = metrics.get("elastic")
+    if not isinstance(block, Mapping):
+        return None
+    keep = ("time", "epoch", "samples_into_epoch", "from", "to", "left", "joined")
+    return {
+        "world_sizes": list(block.get("world_sizes") or []),
+        "world_history": [
+            {k: w.get(k) for k in keep if k in w}
+            for w in block.get("world_history") or []
+            if isinstance(w, Mapping)
+        ],
+        "redone_steps": block.get("redone_steps"),
+        "redone_samples": block.get("redone_samples"),
+        "commit_every": block.get("commit_every"),
+    }
+
 
 #: ``latest.json`` before promote / roll back (no ``since``, no ``promotion``); still read.
 LEGACY_LATEST_FORMAT = "horovod-airflow/latest-v2"

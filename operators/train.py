@@ -10,7 +10,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from horovod_airflow.core.contract import CHECKPOINT_NAME, METRICS, METRICS_NAME, ContractError
+from horovod_airflow.core.contract import (
+    CHECKPOINT_NAME,
+    METRICS,
+    METRICS_NAME,
+    ContractError,
+    elastic_summary,
+)
 from horovod_airflow.operators.command import (
     TRAINER_ENTRYPOINT,
     check_controller,
@@ -333,6 +339,18 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         ):
             checkpoint = storage.join(self.output_uri, CHECKPOINT_NAME)
         result.update(output=self.output_uri, metrics_uri=metrics_uri, checkpoint_uri=checkpoint)
+        elastic = elastic_summary(metrics)
+        if elastic is not None:
+            result["elastic"] = elastic
+            for w in elastic["world_history"]:
+                if not w.get("from"):
+                    continue  # a (re)start, not a change
+                self.log.warning(
+                    "world size changed %s -> %s in epoch %s (left: %s; joined: %s)",
+                    w.get("from"), w.get("to"), w.get("epoch"),
+                    ", ".join(w.get("left") or []) or "none",
+                    ", ".join(w.get("joined") or []) or "none",
+                )  # fmt: skip
         self.log.info("metrics: %s", result)
         return result
 

@@ -86,6 +86,39 @@ def test_legacy_registry_documents_are_read_and_may_lack_preprocessing():
     VERSION_MANIFEST.check({"format": contract.LEGACY_MODEL_FORMAT, **manifest}, "old")
     with pytest.raises(ContractError, match="lacks 'preprocessing'"):
         VERSION_MANIFEST.check({"format": VERSION_MANIFEST.format, **manifest}, "new")
+    # version-v2 (before an elastic run's world history) is still read as it was written.
+    v2 = {"format": contract.LEGACY_VERSION_FORMAT, **manifest, "preprocessing": {}}
+    assert VERSION_MANIFEST.supported[:2] == (
+        "horovod-airflow/version-v3",
+        "horovod-airflow/version-v2",
+    )
+    assert VERSION_MANIFEST.check(v2, "v2") == v2
+    with pytest.raises(ContractError, match="key 'elastic' must be dict"):
+        VERSION_MANIFEST.check({**v2, "format": VERSION_MANIFEST.format, "elastic": [3, 2]}, "v3")
+
+
+def test_the_elastic_summary_keeps_what_a_person_reads_after_the_run():
+    assert contract.elastic_summary({"val_accuracy": 0.9}) is None  # not an elastic run
+    block = {
+        "commit_every": 20, "world_sizes": [3, 2], "redone_steps": 4, "redone_samples": 512,
+        "commits": 40, "commit_seconds": 1.5,  # one rank's timings: not for the registry
+        "world_history": [
+            {"time": 1.0, "epoch": 1, "samples_into_epoch": 0, "from": 0, "to": 3, "left": [],
+             "joined": ["a", "b", "c"], "redone_steps_so_far": 0},
+            {"time": 2.0, "epoch": 1, "samples_into_epoch": 960, "from": 3, "to": 2,
+             "left": ["c"], "joined": [], "redone_steps_so_far": 4},
+        ],
+    }  # fmt: skip
+    summary = contract.elastic_summary({"elastic": block})
+    assert summary == {
+        "world_sizes": [3, 2], "redone_steps": 4, "redone_samples": 512, "commit_every": 20,
+        "world_history": [
+            {"time": 1.0, "epoch": 1, "samples_into_epoch": 0, "from": 0, "to": 3, "left": [],
+             "joined": ["a", "b", "c"]},
+            {"time": 2.0, "epoch": 1, "samples_into_epoch": 960, "from": 3, "to": 2,
+             "left": ["c"], "joined": []},
+        ],
+    }  # fmt: skip
 
 
 def test_preprocessing_is_checked_when_built():

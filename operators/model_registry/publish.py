@@ -27,6 +27,7 @@ from horovod_airflow.core.contract import (
     VERSION_MANIFEST_NAME,
     ContractError,
     check_preprocessing,
+    elastic_summary,
 )
 from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
 from horovod_airflow.operators.model_registry.latest import (
@@ -314,6 +315,7 @@ def _copy_version(
         "epochs": metrics.get("epochs"),
         "world_size": metrics.get("world_size"),
         "versions": metrics.get("versions", {}),
+        **({"elastic": elastic} if (elastic := elastic_summary(metrics)) else {}),
         "preprocessing": preprocessing,  # what the model's ONNX metadata carries
         "gate": gate,
         "source_run": run_output,

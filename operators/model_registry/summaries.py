@@ -7,7 +7,7 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from horovod_airflow.core.contract import METRICS_NAME, STEP_SERIES, ContractError
+from horovod_airflow.core.contract import METRICS_NAME, STEP_SERIES, ContractError, elastic_summary
 
 
 def step_series(metrics: Mapping[str, Any], source: str = METRICS_NAME) -> dict[str, Any] | None:
@@ -143,6 +143,25 @@ def render_summary(
         f"{h.get('epoch_seconds', 0):.1f} |"
         for h in metrics.get("history", [])
     )
+    elastic = elastic_summary(metrics)
+    world = ""
+    if elastic is not None:
+        changes = "\n".join(
+            f"| {w.get('epoch')} | {w.get('samples_into_epoch')} | {w.get('from')} → "
+            f"{w.get('to')} | {', '.join(w.get('left') or []) or '—'} | "
+            f"{', '.join(w.get('joined') or []) or '—'} |"
+            for w in elastic["world_history"]
+        )
+        world = f"""
+## Elastic world
+- world sizes: {" → ".join(map(str, elastic["world_sizes"]))}; committed every \
+{elastic["commit_every"]} steps; trained again after a reset: {elastic["redone_steps"]} \
+steps ({elastic["redone_samples"]} samples)
+
+| epoch | samples into it | world | left | joined |
+| --- | --- | --- | --- | --- |
+{changes}
+"""
     return f"""# {model_name} {version}
 
 Published {published_at} by DAG run `{dag_run_id}`.
@@ -174,4 +193,4 @@ horovod {versions.get("horovod")}, trainer {versions.get("trainer")}
 | epoch | train loss | val loss | val accuracy | samples/s | seconds |
 | --- | --- | --- | --- | --- | --- |
 {rows}
-"""
+{world}"""

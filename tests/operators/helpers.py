@@ -236,8 +236,10 @@ def put_run_artifacts(
     accuracy: float,
     onnx_bytes: bytes = b"onnx-bytes",
     val_samples: int | None = None,
+    elastic: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a finished train and export leave under ``run`` (contents opaque to the registry).
+    """What a finished train and export leave under ``run`` (contents opaque to the registry;
+    ``elastic``: the ``metrics.json`` block of an elastic run).
 
     Returns the XComs of the train and export tasks, as those operators return them.
     """
@@ -251,6 +253,8 @@ def put_run_artifacts(
                "history": history}  # fmt: skip
     if val_samples is not None:
         metrics["val_samples"] = val_samples
+    if elastic is not None:
+        metrics["elastic"] = elastic
     storage.write_text(f"{run}/metrics.json", METRICS.dumps(metrics), client=s3)
     storage.write_bytes(f"{run}/onnx/model.onnx", onnx_bytes, client=s3)
     parity = {"passed": True, "max_abs_diff": 0.0, "argmax_mismatches": 0, "samples": 10,

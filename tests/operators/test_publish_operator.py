@@ -83,13 +83,13 @@ def _objects(client, bucket: str, prefix: str) -> dict[str, str]:
     return out
 
 
-def _gate_and_publish(s3_server, bucket: str, accuracy: float, run_name: str):
+def _gate_and_publish(s3_server, bucket: str, accuracy: float, run_name: str, elastic=None):
     """A gated run ready to publish: its artifacts on S3, the real gate's decision."""
     from airflow.sdk import Asset
 
     trained, exported = put_run_artifacts(
         s3_server.client(), f"s3://{bucket}/runs/{run_name}", accuracy=accuracy,
-        onnx_bytes=f"onnx-{run_name}".encode(),
+        onnx_bytes=f"onnx-{run_name}".encode(), elastic=elastic,
     )  # fmt: skip
     gate = ModelGateOperator(
         task_id="gate", bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", metrics=trained,
@@ -120,6 +120,43 @@ def test_publish_names_the_version_by_the_run_and_emits_the_asset_extra(s3_serve
     extra = context["outlet_events"][asset].extra
     assert extra["version"] == version and extra["onnx_sha256"] == latest["onnx_sha256"]
     assert extra["val_accuracy"] == 0.991 and extra["dataset_content_hash"] == "abc"
+
+
+def test_an_elastic_runs_world_history_is_in_the_manifest_and_the_summary(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("publish")
+    history = [
+        {"time": 1.0, "epoch": 1, "samples_into_epoch": 0, "from": 0, "to": 3, "left": [],
+         "joined": ["e1", "e2", "e3"], "redone_steps_so_far": 0},
+        {"time": 2.0, "epoch": 1, "samples_into_epoch": 960, "from": 3, "to": 2,
+         "left": ["e3"], "joined": [], "redone_steps_so_far": 3},
+    ]  # fmt: skip
+    elastic = {"commit_every": 20, "world_sizes": [3, 2], "world_history": history,
+               "redone_steps": 3, "redone_samples": 384, "commits": 12}  # fmt: skip
+    publish, _ = _gate_and_publish(s3_server, bucket, 0.991, "a", elastic=elastic)
+    latest = publish.execute(_context())
+    key = latest["manifest_uri"].removeprefix(f"s3://{bucket}/")
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert manifest["format"] == "horovod-airflow/version-v3"
+    assert manifest["elastic"]["world_sizes"] == [3, 2]
+    assert manifest["elastic"]["world_history"][1]["left"] == ["e3"]
+    assert "commits" not in manifest["elastic"]  # one rank's timing, not the run's record
+    summary = client.get_object(Bucket=bucket, Key=key.replace("manifest.json", "summary.md"))
+    text = summary["Body"].read().decode()
+    assert "## Elastic world" in text and "world sizes: 3 → 2" in text
+    assert "| 1 | 960 | 3 → 2 | e3 | — |" in text
+
+
+def test_a_non_elastic_run_has_no_elastic_record(s3_server):
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("publish")
+    publish, _ = _gate_and_publish(s3_server, bucket, 0.991, "a")
+    latest = publish.execute(_context())
+    key = latest["manifest_uri"].removeprefix(f"s3://{bucket}/")
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert "elastic" not in manifest
+    summary = client.get_object(Bucket=bucket, Key=key.replace("manifest.json", "summary.md"))
+    assert "Elastic" not in summary["Body"].read().decode()
 
 
 def test_a_retried_publish_rewrites_nothing_and_returns_the_same_document(s3_server):

@@ -27,6 +27,7 @@ from horovod_airflow.operators import (
 from horovod_airflow.operators.command import RANK_ENV_WRAPPER, Host
 from horovod_airflow.operators.launchers.local import check_slots
 from horovod_airflow.trainer.model import preprocessing
+from tests.operators.fakes import TaskLog
 from tests.operators.helpers import PROGRAM, context
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,6 +250,30 @@ def test_metrics_are_read_from_metrics_json(out_dir):
         "metrics_uri": f"{out_dir}/metrics.json",
         "checkpoint_uri": str(out_dir / "checkpoint.pt"),
     }
+
+
+def test_an_elastic_runs_world_history_reaches_the_xcom_and_the_task_log(out_dir, capsys):
+    history = [
+        {"time": 1.0, "epoch": 1, "samples_into_epoch": 0, "from": 0, "to": 3, "left": [],
+         "joined": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
+        {"time": 2.0, "epoch": 1, "samples_into_epoch": 960, "from": 3, "to": 2,
+         "left": ["10.0.0.3"], "joined": []},
+    ]  # fmt: skip
+    elastic = {"commit_every": 20, "world_sizes": [3, 2], "world_history": history,
+               "redone_steps": 3, "redone_samples": 384}  # fmt: skip
+    (out_dir / "metrics.json").write_text(
+        METRICS.dumps({"val_accuracy": 0.97, "world_size": 2, "elastic": elastic})
+    )
+    op = train_op(output=str(out_dir), aws_conn_id=None)
+    log = TaskLog(capsys)
+    result = op.collect_result()
+    assert result["world_size"] == 2
+    assert result["elastic"]["world_sizes"] == [3, 2]
+    assert result["elastic"]["world_history"][1]["left"] == ["10.0.0.3"]
+    assert (result["elastic"]["redone_steps"], result["elastic"]["redone_samples"]) == (3, 384)
+    changes = [line for line in log.text.splitlines() if "world size changed" in line]
+    assert len(changes) == 1, log.text
+    assert "world size changed 3 -> 2 in epoch 1 (left: 10.0.0.3; joined: none)" in changes[0]
 
 
 def test_missing_optional_keys_are_none_and_custom_metric_key(out_dir):
