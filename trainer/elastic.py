@@ -50,6 +50,7 @@ from horovod_airflow.core.contract import (
 from horovod_airflow.core.train_config import TrainConfig, lr_at
 from horovod_airflow.trainer import data
 from horovod_airflow.trainer.errors import ResumeMismatchError, TrainingError
+from horovod_airflow.trainer.progress import Progress
 from horovod_airflow.trainer.resume import read_resume_state, run_identity, save_checkpoint
 from horovod_airflow.trainer.runtime import Runtime, log, setup_runtime
 
@@ -190,6 +191,15 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
     )
     # Not part of the state: what this process did since the last commit (lost on a reset).
     live = {"steps": 0, "samples": 0, "loss": 0.0, "count": 0}
+    # Rank 0's progress events and the per-step record, kept on every rank: whichever is rank
+    # 0 at the end writes it. Steps redone after a reset are recorded again.
+    progress = Progress(
+        is_primary=True,
+        steps_per_epoch=math.ceil(n / (rt.size * config.batch_size)),
+        epochs=config.epochs,
+        start_epoch=start_epoch,
+        interval_s=config.progress_seconds,
+    )
 
     def on_reset() -> None:
         # After a lost rank the state was restored to the last commit: the steps since then
@@ -232,6 +242,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
         from torch.nn import functional as F
 
         now = current_runtime(rt)
+        progress.quiet = not now.is_primary
         hosts = hvd.allgather_object(socket.gethostname(), name="elastic.hosts")
         if hosts != state.hosts:
             # New lists, never in place: the last commit keeps its own (a rollback restores it)
@@ -263,6 +274,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             perm = epoch_permutation(n, config.seed, epoch).to(device)
             size, rank = now.size, now.rank
             steps = math.ceil(n / (size * config.batch_size))
+            progress.resize(steps)
             while state.consumed < n:
                 lo, hi, take = step_slice(n, state.consumed, size, rank, config.batch_size)
                 step = epoch * steps + state.consumed // (size * config.batch_size)
@@ -282,7 +294,11 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
                 else:  # nothing left for this rank in the epoch's last step: a zero gradient
                     torch.stack([p.sum() for p in model.parameters()]).sum().mul(0.0).backward()
                 optimizer.step()  # Horovod: a lost rank raises here (HorovodInternalError)
+                in_epoch = state.consumed // (size * config.batch_size)
                 state.consumed += take
+                mean = loss.detach() / (hi - lo) if hi > lo else torch.zeros(())
+                lr = optimizer.param_groups[0]["lr"]
+                progress.step(epoch, in_epoch, mean, lr, take, last=state.consumed >= n)
                 live["steps"] += 1
                 live["samples"] += take
                 if sample_log is not None and hi > lo:
@@ -394,6 +410,7 @@ def run_elastic(config: TrainConfig) -> dict[str, Any]:
             ckpt_uri=ckpt_uri,
             metrics_uri=metrics_uri,
         ),
+        "steps": progress.record(),
         "elastic": {
             "commit_every": config.elastic_commit_every,
             "world_history": state.worlds,

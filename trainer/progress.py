@@ -33,7 +33,9 @@ class Progress:
 
     ``steps_per_epoch`` optimizer steps an epoch, ``epochs`` in all; ``start_epoch``: the
     epochs a resumed try skips. ``is_primary`` False (the other ranks): nothing is printed or
-    kept, and :meth:`step` costs nothing.
+    kept, and :meth:`step` costs nothing. The elastic loop keeps a record on every rank (any
+    of them may be rank 0 when the run ends), sets ``quiet`` on all but rank 0, and calls
+    :meth:`resize` when the world size changes its steps per epoch.
     """
 
     def __init__(
@@ -55,7 +57,8 @@ class Progress:
         self.interval_s = interval_s
         self._clock = clock
         self._started: float | None = None
-        self._first_step = start_epoch * steps_per_epoch  # steps done before this try
+        self.quiet = False  # keep the record, print no event
+        self._taken = 0  # steps this process has taken
         self._samples = 0
         self._last_print: float | None = None
         self._window: Any = 0.0  # sum of batch losses since the last record (a tensor)
@@ -64,6 +67,12 @@ class Progress:
         self._event_n = 0
         self.series: dict[str, list[Any]] = {"step": [], "epoch": [], "loss": [], "lr": []}
         self._pending: list[tuple[Any, int]] = []  # (loss sum, steps) not yet read
+
+    def resize(self, steps_per_epoch: int) -> None:
+        """The world changed: an epoch is now ``steps_per_epoch`` steps. Steps are counted in
+        the world's own steps from here; the record's ``epoch`` stays continuous."""
+        self.steps_per_epoch = steps_per_epoch
+        self.of_steps = steps_per_epoch * self.epochs
 
     def step(
         self, epoch: int, step: int, loss: Any, lr: float, samples: int, *, last: bool = False
@@ -77,6 +86,7 @@ class Progress:
         if self._started is None:
             self._started = now
         self._samples += samples
+        self._taken += 1
         done = epoch * self.steps_per_epoch + step + 1  # 1-based over the run
         detached = loss.detach() if hasattr(loss, "detach") else loss
         self._window = self._window + detached
@@ -90,7 +100,7 @@ class Progress:
             self.series["lr"].append(float(lr))
             self._window, self._window_n = 0.0, 0
         due = self._last_print is None or now - self._last_print >= self.interval_s
-        if due or last:
+        if (due or last) and not self.quiet:
             self._print(now, done, epoch, lr)
 
     def _flush(self) -> None:
@@ -112,19 +122,18 @@ class Progress:
         assert self._started is not None
         self._flush()
         elapsed = now - self._started
-        this_try = done - self._first_step
         # The first step's time is not known (the clock starts after it): rates count the
         # steps after it, once there are any.
-        rate_steps = max(0, this_try - 1)
+        rate_steps = max(0, self._taken - 1)
         step_s = elapsed / rate_steps if rate_steps and elapsed > 0 else None
-        samples_per_step = self._samples / this_try if this_try else 0.0
+        samples_per_step = self._samples / self._taken if self._taken else 0.0
         fields = {
             "step": done,
             "of_steps": self.of_steps,
             "epoch": epoch + 1,
             "of_epochs": self.epochs,
             "samples_per_sec": (samples_per_step / step_s) if step_s else None,
-            "eta_seconds": (self.of_steps - done) * step_s if step_s is not None else None,
+            "eta_seconds": max(0, self.of_steps - done) * step_s if step_s is not None else None,
             "loss": float(self._event_loss) / self._event_n if self._event_n else None,
             "lr": float(lr),
         }
