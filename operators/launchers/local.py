@@ -54,6 +54,7 @@ from horovod_airflow.operators.launchers.base import (
     end_of_job,
 )
 from horovod_airflow.operators.launchers.local_elastic import (
+    ElasticWatch,
     check_local_elastic,
     discovery_script,
     elastic_args,
@@ -198,6 +199,8 @@ class LocalLauncher(Launcher):
             at = argv.index("-H")
             script = discovery_script(self.hosts, spec.elastic.hosts_file)
             argv[at : at + 2] = elastic_args(spec.elastic, str(script))
+            # The driver's INFO lines name each failed slot and dropped host (ElasticWatch).
+            argv[at:at] = ["--log-level", "INFO"]
         return argv
 
     def check_elastic(self, spec: JobSpec) -> None:
@@ -376,6 +379,7 @@ class LocalLauncher(Launcher):
                 argv[0],
             )
         out = self.journal.output(log, secrets=list(spec.secret_env.values()))
+        watch = ElasticWatch() if spec.elastic is not None else None
         timer: threading.Timer | None = None
         try:
             with self._lock:
@@ -410,6 +414,8 @@ class LocalLauncher(Launcher):
             def pump() -> None:
                 for line in stream:
                     out(line)
+                    if watch is not None:
+                        watch(line)
 
             reader = threading.Thread(target=pump, name=f"{spec.name}-output", daemon=True)
             reader.start()
@@ -434,6 +440,7 @@ class LocalLauncher(Launcher):
             hosts=self.hosts,
             timed_out=float(spec.timeout or 0) if self._timed_out else None,
             stopped=self._killed,
+            failure=watch.describe(spec.elastic) if watch and spec.elastic else "",
         )
 
     # --- stop -------------------------------------------------------------------------

@@ -265,12 +265,13 @@ def test_below_min_np_the_run_fails_naming_the_lost_host_and_a_retry_resumes_sma
     assert metrics["val_accuracy"] >= ACCURACY_FLOOR
 
 
-def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
-    elastic_hosts: ElasticHosts, tmp_path: Path
-) -> None:
+def _elastic_task(
+    elastic_hosts: ElasticHosts, tmp_path: Path, min_np: int, timeout_s: int
+) -> tuple[Any, Path]:
+    """A HorovodTrainOperator on the three hosts with ElasticOptions(min_np, max_np=3), and
+    the folder its ranks log their sample ids into."""
     from horovod_airflow.operators import HorovodTrainOperator
     from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
-    from tests.engines.test_multihost import Running
 
     ids = tmp_path / "ids"
     op = HorovodTrainOperator(
@@ -295,9 +296,12 @@ def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
             ssh_identity_file=elastic_hosts.key,
             network_interface=elastic_hosts.interface,
         ),
-        elastic=ElasticOptions(min_np=2, max_np=3, timeout_s=60),
+        elastic=ElasticOptions(min_np=min_np, max_np=3, timeout_s=timeout_s),
     )
-    running = Running(op)
+    return op, ids
+
+
+def _kill_e3_after_20_steps(ids: Path, running: Any) -> None:
     deadline = time.monotonic() + 180
     victim = None
     while victim is None and time.monotonic() < deadline and running.thread.is_alive():
@@ -307,10 +311,41 @@ def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
         time.sleep(0.05)
     assert victim is not None, running.error
     os.kill(victim, signal.SIGKILL)
+
+
+def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
+    elastic_hosts: ElasticHosts, tmp_path: Path
+) -> None:
+    from tests.engines.test_multihost import Running
+
+    op, ids = _elastic_task(elastic_hosts, tmp_path, min_np=2, timeout_s=60)
+    running = Running(op)
+    _kill_e3_after_20_steps(ids, running)
     running.join(300)
     assert running.error is None, running.error
     assert running.result is not None and running.result["world_size"] == 2
+    assert running.result["elastic"]["world_sizes"] == [3, 2]  # the XCom shows the change
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["elastic"]["world_sizes"] == [3, 2]
     assert metrics["elastic"]["world_history"][-1]["left"] == ["e3"]
     assert metrics["val_accuracy"] >= ACCURACY_FLOOR
+
+
+def test_through_the_operator_below_min_np_the_task_fails_naming_the_lost_rank_and_host(
+    elastic_hosts: ElasticHosts, tmp_path: Path
+) -> None:
+    from horovod_airflow.operators.exceptions import HorovodTrainingError
+    from tests.engines.test_multihost import Running
+
+    op, ids = _elastic_task(elastic_hosts, tmp_path, min_np=3, timeout_s=15)
+    running = Running(op)
+    _kill_e3_after_20_steps(ids, running)
+    running.join(300)
+    error = running.error
+    assert isinstance(error, HorovodTrainingError), error
+    e3 = elastic_hosts.addresses["e3"]
+    message = str(error)
+    assert "elastic job below min_np=3 for longer than its elastic timeout (15 s)" in message
+    assert f"lost rank(s) {e3}[0] (host[local rank])" in message, message
+    assert f"host(s) dropped: {e3}" in message, message
+    assert not (tmp_path / "out" / "metrics.json").exists()

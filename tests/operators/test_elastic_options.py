@@ -156,3 +156,33 @@ def test_an_mpijob_without_elastic_keeps_its_fixed_hosts() -> None:
     (container,) = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     assert "--host-discovery-script" not in container["command"]
     assert container["command"][container["command"].index("-H") + 1].count(":1") == 2
+
+
+def test_the_elastic_watch_names_lost_ranks_and_hosts_from_horovodruns_own_lines() -> None:
+    """Lines as Horovod 0.28's elastic driver prints them at --log-level INFO and at the end
+    of a failed job (the engines test shows them on real hosts)."""
+    from horovod_airflow.operators.launchers.base import ElasticSpec
+    from horovod_airflow.operators.launchers.local_elastic import ElasticWatch
+
+    watch = ElasticWatch()
+    for line in [
+        "INFO:root:start worker process: 10.0.0.3[0]",
+        '[2]<stdout>:{"event": "progress", "step": 3}',
+        "INFO:root:record state: 10.0.0.3[0] = FAILURE",
+        "INFO:root:blacklist failing host: 10.0.0.3",
+        "INFO:root:record state: 10.0.0.3[0] = FAILURE",  # said again: named once
+        "horovod.runner.common.util.timeout.TimeoutException: Timed out waiting for {activity}. "
+        "Please check that you have enough resources to run at least 3 Horovod processes. "
+        "Timeout after 15 seconds.",
+        "Process name: 10.0.0.3[0]",
+        "Exit code: 255",
+    ]:
+        watch(line)
+    assert watch.describe(ElasticSpec(min_np=3, max_np=3, timeout_s=15)) == (
+        "elastic job below min_np=3 for longer than its elastic timeout (15 s); lost rank(s) "
+        "10.0.0.3[0] (host[local rank]); host(s) dropped: 10.0.0.3; the first process to "
+        "fail: 10.0.0.3[0]"
+    )
+    quiet = ElasticWatch()
+    quiet("[0]<stderr>:ValueError: something else")
+    assert quiet.describe(ElasticSpec(min_np=2, max_np=3, timeout_s=15)) == ""  # no lost rank
