@@ -378,3 +378,74 @@ def test_through_the_operator_below_min_np_the_task_fails_naming_the_lost_rank_a
     assert f"lost rank(s) {e3}[0] (host[local rank])" in message, message
     assert f"host(s) dropped: {e3}" in message, message
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+ELASTIC_DAG = """
+from datetime import UTC, datetime, timedelta
+
+from airflow.sdk import DAG
+
+from horovod_airflow.operators import HorovodTrainOperator
+from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
+
+with DAG("elastic_retry", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC)) as dag:
+    HorovodTrainOperator(
+        task_id="train_elastic", launcher="local", aws_conn_id=None, preflight=False,
+        num_proc=3, data={data!r}, output={output!r}, env={env!r},
+        trainer_args={trainer_args!r}, local=LocalOptions(**{local!r}),
+        elastic=ElasticOptions(min_np=3, max_np=3, timeout_s=15),
+        retries=1, retry_delay=timedelta(seconds=1),
+    )
+"""
+
+
+def test_in_a_real_airflow_run_below_min_np_fails_try_1_and_try_2_resumes_and_finishes(
+    elastic_hosts: ElasticHosts, tmp_path: Path, airflow_db: Path, capfd: Any, monkeypatch: Any
+) -> None:
+    """``dag.test()`` with retries=1: e3's rank killed in epoch 2 with min_np=3 fails try 1
+    (its error naming the lost rank); Airflow's try 2 resumes from epoch 1's checkpoint
+    (``--resume``: the elastic identity has no world size) and finishes."""
+    import threading
+
+    from airflow.utils.state import DagRunState
+
+    from tests.operators.helpers import dag_in_bundle
+
+    ids = tmp_path / "ids"
+    source = ELASTIC_DAG.format(
+        data=str(elastic_hosts.dataset),
+        output=str(tmp_path / "out"),
+        env={"HVA_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"},
+        trainer_args={"epochs": 2, "batch_size": 8, "log_interval": 0,
+                      "elastic_commit_every": COMMIT_EVERY, "debug_sample_ids": str(ids)},
+        local={"hosts": [f"{elastic_hosts.addresses[h]}:1" for h in HOSTS],
+               "ssh_port": int(elastic_hosts.port), "ssh_identity_file": elastic_hosts.key,
+               "network_interface": elastic_hosts.interface},
+    )  # fmt: skip
+    dag = dag_in_bundle(tmp_path, monkeypatch, "elastic_retry", source)
+    killed: dict[str, int] = {}
+
+    def kill_e3_in_epoch_2() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            for f in ids.glob("sample-ids-e3-*.jsonl") if ids.is_dir() else []:
+                if any(json.loads(line)["epoch"] == 1 for line in f.read_text().splitlines()):
+                    killed["pid"] = int(f.stem.split("-")[3])
+                    os.kill(killed["pid"], signal.SIGKILL)
+                    return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=kill_e3_in_epoch_2, daemon=True)
+    watcher.start()
+    run = dag.test()
+    watcher.join(5)
+    text = capfd.readouterr().out
+    assert killed.get("pid"), "e3's rank was never killed"
+    (ti,) = run.get_task_instances()
+    assert run.state == DagRunState.SUCCESS, (ti.state, text[-4000:])
+    assert ti.try_number == 2, ti.try_number
+    assert "elastic job below min_np=3 for longer than its elastic timeout (15 s)" in text
+    assert "resuming from" in text and "after epoch 1" in text
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [h["train_samples"] for h in metrics["history"]] == [TRAIN, TRAIN]
+    assert metrics["world_size"] == 3 and metrics["val_accuracy"] >= ACCURACY_FLOOR
