@@ -4,9 +4,6 @@
 #
 #   scripts/engines/netns_hosts.sh up       # create namespaces, bridge, keys, sshd per host
 #   scripts/engines/netns_hosts.sh down     # stop those sshd (by PID), delete all of it
-#   scripts/engines/netns_hosts.sh lose H   # host H lost as a preempted node: every process in
-#                                           # its namespace killed, namespace and link deleted
-#                                           # (`up` brings it back)
 #   scripts/engines/netns_hosts.sh status   # show what exists
 #   scripts/engines/netns_hosts.sh env      # print the settings a launcher needs
 #
@@ -199,39 +196,21 @@ cmd_up() {
   log "up: $(for h in $hosts; do printf '%s=%s ' "$h" "$(host_ip "$h")"; done)(ssh port $port, key $state/id_ed25519)"
 }
 
-remove_host() { # host: its sshd and every process in its namespace killed, then it is deleted
-  local h=$1 pid
-  if pid=$(sshd_pid "$h"); then
-    # The listener, then any session it forked: all of them live only in this namespace.
-    kill "$pid" 2>/dev/null || true
-  fi
-  if ip netns list | grep -qw "^$h"; then
-    for pid in $(ip netns pids "$h" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-    ip netns del "$h"
-  fi
-  ip link del "$iface-$h" 2>/dev/null || true
-  rm -f "/etc/netns/$h/hosts"
-  rmdir "/etc/netns/$h" 2>/dev/null || true
-}
-
-cmd_lose() { # host
-  [ -n "${1:-}" ] && host_index "$1" >/dev/null ||
-    die "lose: name one of the hosts ($hosts), got '${1:-}'"
-  remove_host "$1"
-  # The others (and the bridge) still hold its link's old MAC address: a host brought back
-  # by `up` has a new one, and would not be reached until those entries expired.
-  local ip h
-  ip=$(host_ip "$1")
-  ip neigh flush to "$ip" 2>/dev/null || true
-  for h in $hosts; do
-    [ "$h" = "$1" ] || ip -n "$h" neigh flush to "$ip" 2>/dev/null || true
-  done
-  log "lost $1 ($(host_ip "$1")): its processes killed, its namespace and link deleted"
-}
-
 cmd_down() {
-  local h
-  for h in $hosts; do remove_host "$h"; done
+  local h pid
+  for h in $hosts; do
+    if pid=$(sshd_pid "$h"); then
+      # The listener, then any session it forked: all of them live only in this namespace.
+      kill "$pid" 2>/dev/null || true
+    fi
+    if ip netns list | grep -qw "^$h"; then
+      for pid in $(ip netns pids "$h" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+      ip netns del "$h"
+    fi
+    ip link del "$iface-$h" 2>/dev/null || true
+    rm -f "/etc/netns/$h/hosts"
+    rmdir "/etc/netns/$h" 2>/dev/null || true
+  done
   ip link show "$iface" >/dev/null 2>&1 && ip link del "$iface"
   for h in $hosts; do
     ssh-keygen -q -R "[$(host_ip "$h")]:$port" >/dev/null 2>&1 || true
@@ -268,8 +247,7 @@ cmd_env() {
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
-  lose) cmd_lose "${2:-}" ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) die "usage: $0 up|down|lose HOST|status|env (got '${1:-}')" ;;
+  *) die "usage: $0 up|down|status|env (got '${1:-}')" ;;
 esac
