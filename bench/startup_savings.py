@@ -32,6 +32,7 @@ from typing import Any
 from bench.common import add_driver_arguments, require_positive, write_run
 from bench.datasets import stage_local_dataset
 from bench.report import machine, machine_line, md_table, rank_env
+from horovod_airflow.core.contract import CHECKPOINT_NAME
 from horovod_airflow.core.startup_savings import (
     HOROVODRUN_WITHOUT_GLOO_PROBE,
     INTERPRETER_FINGERPRINT,
@@ -50,7 +51,7 @@ def checkpoint(workdir: Path, python: str, env: dict[str, str]) -> Path:
     args = ["train", "--data", str(staged), "--output", str(out), "--epochs", "1"]
     args += ["--max-train-samples", "256", "--max-val-samples", "256", "--log-interval", "0"]
     wall([python, "-m", "horovod_airflow.trainer", *args], env)
-    return out / "checkpoint.pt"
+    return out / CHECKPOINT_NAME
 
 
 def pairs(
