@@ -23,6 +23,7 @@ from horovod_airflow.operators.launchers.docker import SECRET_FILE
 from horovod_airflow.operators.staging import stage_dataset
 from tests.engines.conftest import JOB_LABEL, PodmanEngine, read_json
 from tests.operators.fakes import TaskLog as OperatorTaskLog
+from tests.operators.fakes import TaskStateStore
 from tests.operators.helpers import context, with_launcher_options
 
 # Each test starts horovodrun and imports torch in a container: over a minute on 2 busy cores.
@@ -124,7 +125,8 @@ def test_trainer_two_ranks_in_one_container_returns_metrics(
         cleanup="delete",
     )
 
-    result = op.execute(fresh_context())
+    store = TaskStateStore()
+    result = op.execute(context(run_id=f"manual__{uuid.uuid4().hex[:8]}", store=store))
 
     metrics = read_json(s3_server, f"{output}/metrics.json")
     assert result["world_size"] == metrics["world_size"] == 2
@@ -135,6 +137,11 @@ def test_trainer_two_ranks_in_one_container_returns_metrics(
     log = task_log.text
     assert "created container" in log
     assert '"event": "final_metrics"' in log  # rank 0's last line came through the attach
+    # Live progress through the container's attach: readable task-log lines, and the latest
+    # event in the task state store (the task page), the run's last step included.
+    assert "progress: epoch 1/1, step 8/8 (100.0%)" in log, log[-3000:]
+    progress = store["horovod_progress"]
+    assert (progress["step"], progress["of_steps"], progress["epoch"]) == (8, 8, 1)
     assert containers_named(podman_engine, "train-in-podman") == []  # removed
 
 
@@ -346,7 +353,6 @@ def test_a_container_of_the_jobs_name_that_no_try_recorded_is_left_alone(
     (it would wait on a stranger's job and report its output) nor removes it, and says so."""
     from horovod_airflow.operators.exceptions import JobNotOursError
     from horovod_airflow.operators.launchers.base import JOB_STATE_KEY
-    from tests.operators.fakes import TaskStateStore
 
     bucket = s3_server.new_bucket("podman")
     op = docker_op(podman_engine, "s3://unused/data", f"s3://{bucket}/runs/x", task_id="fenced")
