@@ -29,6 +29,7 @@ from tests.engines.conftest import (
     assert_same_training,
     read_json,
 )
+from tests.operators.fakes import TaskStateStore
 from tests.operators.helpers import context, with_launcher_options
 
 # Each run starts three containers of the 6.6 GB trainer image and imports torch in each rank;
@@ -129,6 +130,7 @@ def test_two_worker_pods_train_like_one_pod_with_two_ranks(
         mpijob_cluster,
     )
     capsys.readouterr()
+    store = TaskStateStore()
     multi = execute(
         k8s_op(
             staged["uri"],
@@ -139,8 +141,14 @@ def test_two_worker_pods_train_like_one_pod_with_two_ranks(
             slots_per_worker=1,
         ),
         mpijob_cluster,
+        context(store=store),
     )
     log = capsys.readouterr().out
+    # Live progress through the launcher pod's log stream: readable lines in the task log,
+    # and the latest event (the run's last step) in the task state store.
+    progress = store["horovod_progress"]
+    assert progress["step"] == progress["of_steps"] > 0, progress
+    assert f"step {progress['step']}/{progress['of_steps']} (100.0%)" in log, log[-3000:]
 
     one_pod, two_pods = (m["metadata"]["name"] for m in mpijob_cluster.created)
     assert mpijob_cluster.hostfiles[two_pods] == (
