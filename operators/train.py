@@ -59,7 +59,8 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
     (``--resume`` added on Airflow retries when ``resume_on_retry``), runs it through the
     chosen launcher, then reads ``<output>/metrics.json`` with the AWS connection and
     returns (as XCom) ``val_accuracy, val_loss, val_samples, epochs, world_size, output,
-    metrics_uri, checkpoint_uri`` (and ``metric_key``'s value). Any program that follows
+    metrics_uri, checkpoint_uri`` (and ``metric_key``'s value; for an elastic run also
+    ``elastic``: :func:`horovod_airflow.core.contract.elastic_summary`). Any program that follows
     the training-program contract of ``docs/design.md`` can be the ``entrypoint``.
 
     :param num_proc: number of Horovod ranks (templated; validated after rendering).

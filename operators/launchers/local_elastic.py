@@ -87,7 +87,7 @@ class ElasticWatch:
             self.below_min = (int(found.group(1)), int(found.group(2)))
 
     def describe(self, elastic: ElasticSpec) -> str:
-        """``elastic job below min_np=3 for longer than its elastic timeout (15 s): lost
+        """``elastic job below min_np=3 for longer than its elastic timeout (15 s); lost
         rank(s) h3[0] (host[local rank]); host(s) dropped: h3; …``; "" when the output said
         nothing of lost ranks (the job failed for another reason)."""
         lost = self.failed or ([self.first] if self.first else [])
