@@ -194,17 +194,9 @@ def publish_model(
         log.info("%s %s is already published by this run: nothing to do", model_name, version)
         return current
 
-    earlier = None
-    if storage.exists(manifest_uri, client=client):
-        earlier = VERSION_MANIFEST.loads(
-            storage.read_text(manifest_uri, client=client), manifest_uri
-        )
-        if earlier.get("dag_run_id") != dag_run_id or earlier.get("source_run") != run_output:
-            raise PublishRefusedError(
-                f"refusing to publish: {prefix} already holds the model of run "
-                f"{earlier.get('dag_run_id')!r} ({earlier.get('source_run')}), not of "
-                f"{dag_run_id!r} ({run_output})"
-            )
+    earlier = earlier_of_this_run(
+        prefix, run_output, dag_run_id, refusing="refusing to publish", client=client
+    )
     check_forward(current, version, earlier)
     if earlier is not None and earlier.get("gate") == gate:
         log.info("%s is complete from an earlier try: not copied again", prefix)
@@ -212,7 +204,7 @@ def publish_model(
     else:
         if earlier is not None:  # copied under another decision (the gate ran again since)
             log.info("%s was copied under an earlier gate decision: recording this one", prefix)
-        manifest = _copy_version(
+        manifest = copy_version(
             prefix=prefix,
             model_name=model_name,
             version=version,
@@ -224,7 +216,6 @@ def publish_model(
             dag_run_id=dag_run_id,
             client=client,
         )
-        storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
 
     latest = latest_document(manifest, manifest_uri, prefix)
     # Last, and only over the champion the gate compared against: readers following
@@ -244,7 +235,26 @@ def publish_model(
     return latest
 
 
-def _copy_version(
+def earlier_of_this_run(
+    prefix: str, run_output: str, dag_run_id: str, *, refusing: str, client: Any | None
+) -> dict[str, Any] | None:
+    """The ``manifest.json`` an earlier try of this run wrote under ``prefix``, or None when
+    there is none; :class:`PublishRefusedError` (``refusing``: how its message begins) when
+    it holds another run's model."""
+    manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
+    if not storage.exists(manifest_uri, client=client):
+        return None
+    earlier = VERSION_MANIFEST.loads(storage.read_text(manifest_uri, client=client), manifest_uri)
+    if earlier.get("dag_run_id") != dag_run_id or earlier.get("source_run") != run_output:
+        raise PublishRefusedError(
+            f"{refusing}: {prefix} already holds the model of run "
+            f"{earlier.get('dag_run_id')!r} ({earlier.get('source_run')}), not of "
+            f"{dag_run_id!r} ({run_output})"
+        )
+    return earlier
+
+
+def copy_version(
     *,
     prefix: str,
     model_name: str,
@@ -257,7 +267,8 @@ def _copy_version(
     dag_run_id: str,
     client: Any | None,
 ) -> dict[str, Any]:
-    """Copy the run's files under ``prefix`` and return the manifest (not yet written)."""
+    """Copy the run's files under ``prefix``, then write its ``manifest.json`` last (readers
+    take a version with a manifest as complete); return the manifest."""
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
     metrics_uri = storage.join(run_output, METRICS_NAME)
     metrics = METRICS.loads(storage.read_text(metrics_uri, client=client), metrics_uri)
@@ -305,7 +316,7 @@ def _copy_version(
                 "size": path.stat().st_size,
             }
     final = {k: metrics.get(k) for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
-    return {
+    manifest = {
         "format": VERSION_MANIFEST.format,
         "model": model_name,
         "version": version,
@@ -322,3 +333,7 @@ def _copy_version(
         "dag_run_id": dag_run_id,
         "published_at": published_at,
     }
+    storage.write_text(
+        storage.join(prefix, VERSION_MANIFEST_NAME), VERSION_MANIFEST.dumps(manifest), client=client
+    )
+    return manifest

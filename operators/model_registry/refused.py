@@ -25,7 +25,11 @@ from horovod_airflow.core import storage
 from horovod_airflow.core.contract import REFUSED_DIR, VERSION_MANIFEST, VERSION_MANIFEST_NAME
 from horovod_airflow.operators.exceptions import PublishRefusedError
 from horovod_airflow.operators.model_registry.latest import check_version, models_prefix
-from horovod_airflow.operators.model_registry.publish import _DUE, _copy_version
+from horovod_airflow.operators.model_registry.publish import (
+    _DUE,
+    copy_version,
+    earlier_of_this_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +103,17 @@ def record_refused(
         log.warning("%s %s is published already: no refused candidate kept", model_name, version)
         return None
     prefix = candidate_prefix(bucket_uri, model_name, version)
-    manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
-    earlier = read_candidate(bucket_uri, model_name, version, client=client)
-    if earlier is not None:
-        if earlier.get("dag_run_id") != dag_run_id or earlier.get("source_run") != run_output:
-            raise PublishRefusedError(
-                f"refusing to record a refused candidate: {prefix} already holds the model of "
-                f"run {earlier.get('dag_run_id')!r} ({earlier.get('source_run')}), not of "
-                f"{dag_run_id!r} ({run_output})"
-            )
-        if earlier.get("gate") == gate:
-            log.info("%s is complete from an earlier try: not copied again", prefix)
-            return earlier
-    manifest = _copy_version(
+    earlier = earlier_of_this_run(
+        prefix,
+        run_output,
+        dag_run_id,
+        refusing="refusing to record a refused candidate",
+        client=client,
+    )
+    if earlier is not None and earlier.get("gate") == gate:
+        log.info("%s is complete from an earlier try: not copied again", prefix)
+        return earlier
+    manifest = copy_version(
         prefix=prefix,
         model_name=model_name,
         version=version,
@@ -123,7 +125,6 @@ def record_refused(
         dag_run_id=dag_run_id,
         client=client,
     )
-    storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
     log.info(
         "recorded the refused candidate %s %s at %s (not published: %s)",
         model_name,
@@ -146,19 +147,14 @@ def publish_candidate(
     """
     version = check_version(candidate["version"])
     prefix = storage.join(models_prefix(bucket_uri, model_name), version)
-    manifest_uri = storage.join(prefix, VERSION_MANIFEST_NAME)
-    if storage.exists(manifest_uri, client=client):
-        earlier = VERSION_MANIFEST.loads(
-            storage.read_text(manifest_uri, client=client), manifest_uri
-        )
-        if (earlier.get("dag_run_id"), earlier.get("source_run")) != (
-            candidate.get("dag_run_id"),
-            candidate.get("source_run"),
-        ):
-            raise PublishRefusedError(
-                f"refusing to publish the refused candidate {version}: {prefix} holds the model "
-                f"of run {earlier.get('dag_run_id')!r}"
-            )
+    earlier = earlier_of_this_run(
+        prefix,
+        str(candidate.get("source_run")),
+        str(candidate.get("dag_run_id")),
+        refusing=f"refusing to publish the refused candidate {version}",
+        client=client,
+    )
+    if earlier is not None:
         return earlier
     files = {}
     for name, entry in candidate["files"].items():
@@ -169,6 +165,8 @@ def publish_candidate(
         "files": files,
         "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    storage.write_text(manifest_uri, VERSION_MANIFEST.dumps(manifest), client=client)
+    storage.write_text(
+        storage.join(prefix, VERSION_MANIFEST_NAME), VERSION_MANIFEST.dumps(manifest), client=client
+    )
     log.info("published the refused candidate %s %s at %s", model_name, version, prefix)
     return manifest
