@@ -95,12 +95,7 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**with_retry_policy(kwargs))
-        check_uri(bucket_uri, "bucket_uri")
-        if not is_templated(model_name):
-            check_name(model_name, "model_name")
-        check_upstream(metrics, "metrics", ("output",))
-        check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
-        check_upstream(dataset, "dataset")
+        _check_run_settings(bucket_uri, model_name, metrics, exported, dataset)
         check_upstream(decision, "decision", ("passed",))
         if version is not None and not is_templated(version):
             check_name(version, "version")
@@ -144,25 +139,48 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
 
     def _rendered_settings(self, context: Context) -> dict[str, Any]:
         """The rendered fields, validated, as :func:`publish_model`'s keyword arguments."""
-        metrics = as_mapping(self.metrics, "metrics", ("output",))
-        exported = as_mapping(self.exported, "exported", ("onnx_uri", "parity_uri"))
-        run_id = str(context["run_id"])
-        if self.version is None:
-            dag_run = context["dag_run"]
-            version = run_version(dag_run.dag_id, run_id, dag_run.run_after)
-        else:
-            version = check_name(self.version, "version")
+        settings = _rendered_run_settings(self)
+        version = self.version
         return {
-            "bucket_uri": check_uri(self.bucket_uri, "bucket_uri"),
-            "model_name": check_name(self.model_name, "model_name"),
-            "run_output": check_uri(metrics["output"], "metrics['output']"),
-            "onnx_uri": check_uri(exported["onnx_uri"], "exported['onnx_uri']"),
-            "parity_uri": check_uri(exported["parity_uri"], "exported['parity_uri']"),
-            "dataset": dict(as_mapping(self.dataset, "dataset")),
+            **settings,
             "gate": dict(as_mapping(self.decision, "decision", ("passed",))),
-            "dag_run_id": run_id,
-            "version": version,
+            "dag_run_id": str(context["run_id"]),
+            "version": _run_named(context) if version is None else check_name(version, "version"),
         }
+
+
+def _check_run_settings(
+    bucket_uri: str, model_name: str, metrics: Any, exported: Any, dataset: Any
+) -> None:
+    """``__init__``'s cheap checks of what both registry operators take from a run (the
+    templated ones are checked once rendered)."""
+    check_uri(bucket_uri, "bucket_uri")
+    if not is_templated(model_name):
+        check_name(model_name, "model_name")
+    check_upstream(metrics, "metrics", ("output",))
+    check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
+    check_upstream(dataset, "dataset")
+
+
+def _rendered_run_settings(op: Any) -> dict[str, Any]:
+    """The rendered run fields both registry operators take, validated: ``bucket_uri``,
+    ``model_name``, ``run_output``, ``onnx_uri``, ``parity_uri``, ``dataset``."""
+    metrics = as_mapping(op.metrics, "metrics", ("output",))
+    exported = as_mapping(op.exported, "exported", ("onnx_uri", "parity_uri"))
+    return {
+        "bucket_uri": check_uri(op.bucket_uri, "bucket_uri"),
+        "model_name": check_name(op.model_name, "model_name"),
+        "run_output": check_uri(metrics["output"], "metrics['output']"),
+        "onnx_uri": check_uri(exported["onnx_uri"], "exported['onnx_uri']"),
+        "parity_uri": check_uri(exported["parity_uri"], "exported['parity_uri']"),
+        "dataset": dict(as_mapping(op.dataset, "dataset")),
+    }
+
+
+def _run_named(context: Context) -> str:
+    """The version this DAG run publishes (or keeps as a refused candidate) under."""
+    dag_run = context["dag_run"]
+    return run_version(dag_run.dag_id, str(context["run_id"]), dag_run.run_after)
 
 
 class RecordRefusedOperator(AwsConnectionMixin, BaseOperator):
@@ -212,12 +230,7 @@ class RecordRefusedOperator(AwsConnectionMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**with_retry_policy(kwargs))
-        check_uri(bucket_uri, "bucket_uri")
-        if not is_templated(model_name):
-            check_name(model_name, "model_name")
-        check_upstream(metrics, "metrics", ("output",))
-        check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
-        check_upstream(dataset, "dataset")
+        _check_run_settings(bucket_uri, model_name, metrics, exported, dataset)
         self.bucket_uri = bucket_uri
         self.model_name = model_name
         self.metrics = metrics
@@ -234,36 +247,24 @@ class RecordRefusedOperator(AwsConnectionMixin, BaseOperator):
         )
 
         try:
-            metrics = as_mapping(self.metrics, "metrics", ("output",))
-            exported = as_mapping(self.exported, "exported", ("onnx_uri", "parity_uri"))
-            bucket_uri = check_uri(self.bucket_uri, "bucket_uri")
-            model_name = check_name(self.model_name, "model_name")
-            run_output = check_uri(metrics["output"], "metrics['output']")
-            onnx_uri = check_uri(exported["onnx_uri"], "exported['onnx_uri']")
-            parity_uri = check_uri(exported["parity_uri"], "exported['parity_uri']")
-            dataset = dict(as_mapping(self.dataset, "dataset"))
+            settings = _rendered_run_settings(self)
         except ValueError as e:
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
-        client = self.s3_client_for(bucket_uri, run_output, onnx_uri)
+        bucket_uri, model_name = settings["bucket_uri"], settings["model_name"]
+        run_output = settings["run_output"]
+        client = self.s3_client_for(bucket_uri, run_output, settings["onnx_uri"])
         gate_uri = storage.join(run_output, GATE_NAME)
         gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
         if gate["passed"]:
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(f"the gate passed ({gate['reason']}): the run publishes")
-        dag_run = context["dag_run"]
-        run_id = str(context["run_id"])
-        version = run_version(dag_run.dag_id, run_id, dag_run.run_after)
+        version = _run_named(context)
         manifest = record_refused(
-            bucket_uri=bucket_uri,
-            model_name=model_name,
+            **settings,
             version=version,
-            run_output=run_output,
-            onnx_uri=onnx_uri,
-            parity_uri=parity_uri,
-            dataset=dataset,
             gate=gate,
-            dag_run_id=run_id,
+            dag_run_id=str(context["run_id"]),
             client=client,
         )
         if manifest is None:
