@@ -169,62 +169,50 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
         checks=settings.DATA_CHECKS if app.data_checks is None else app.data_checks,
         aws_conn_id=settings.AWS_CONN_ID,
     )
+    # What train and export (launched ranks) and publish and record_refused (registry
+    # writers) each share, written once so that the two of a pair cannot drift apart.
+    launched: dict[str, Any] = dict(launcher="{{ params.launcher }}", data=_STAGED)
+    launched.update(settings.TRAINER_JOB)
+    registry: dict[str, Any] = dict(
+        bucket_uri=settings.BUCKET_URI,
+        model_name=app.model_name,
+        dataset=stage.output,
+        aws_conn_id=settings.AWS_CONN_ID,
+    )
     train = HorovodTrainOperator(
         task_id="train",
-        launcher="{{ params.launcher }}",
         num_proc="{{ params.num_proc }}",
-        data=_STAGED,
         output=run_prefix(),
         trainer_args=dict(app.trainer_args),
         **_entrypoint(app.train_entrypoint),
-        **settings.TRAINER_JOB,
+        **launched,
     )
     gate = ModelGateOperator(
         task_id="gate",
-        bucket_uri=settings.BUCKET_URI,
-        model_name=app.model_name,
         metrics=train.output,
-        dataset=stage.output,
         min_accuracy="{{ params.min_accuracy }}",
         max_regression="{{ params.max_regression }}",
         champion_scorer=app.champion_scorer,
         min_accuracy_floor=settings.MIN_ACCURACY_FLOOR,
         max_regression_ceiling=settings.MAX_REGRESSION_CEILING,
-        aws_conn_id=settings.AWS_CONN_ID,
         on_refused=settings.REFUSED_ALERTS,
         stale_after_runs=settings.STALE_AFTER_RUNS,
         stale_after_days=settings.STALE_AFTER_DAYS,
         refused_branch=["record_refused"],
+        **registry,
     )
     export_onnx = HorovodExportOperator(
         task_id="export_onnx",
-        launcher="{{ params.launcher }}",
         checkpoint="{{ ti.xcom_pull(task_ids='train')['checkpoint_uri'] }}",
         output=run_prefix() + "/onnx",
-        data=_STAGED,
         **_entrypoint(app.export_entrypoint),
-        **settings.TRAINER_JOB,
+        **launched,
     )
+    exported = dict(metrics=train.output, exported=export_onnx.output, **registry)
     publish = PublishModelOperator(
-        task_id="publish",
-        bucket_uri=settings.BUCKET_URI,
-        model_name=app.model_name,
-        metrics=train.output,
-        exported=export_onnx.output,
-        dataset=stage.output,
-        decision=gate.output,
-        aws_conn_id=settings.AWS_CONN_ID,
-        outlets=[app.latest_asset],
+        task_id="publish", decision=gate.output, outlets=[app.latest_asset], **exported
     )
-    record_refused = RecordRefusedOperator(
-        task_id="record_refused",
-        bucket_uri=settings.BUCKET_URI,
-        model_name=app.model_name,
-        metrics=train.output,
-        exported=export_onnx.output,
-        dataset=stage.output,
-        aws_conn_id=settings.AWS_CONN_ID,
-    )
+    record_refused = RecordRefusedOperator(task_id="record_refused", **exported)
     stage >> train >> gate >> export_onnx >> [publish, record_refused]
     return RetrainingTasks(stage, train, gate, export_onnx, publish, record_refused)
 

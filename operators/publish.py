@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
+from horovod_airflow.core import storage
+from horovod_airflow.core.contract import GATE, GATE_NAME, VERSION_MANIFEST_NAME
 from horovod_airflow.operators.connection import AwsConnectionMixin
 from horovod_airflow.operators.exceptions import HorovodConfigError
 from horovod_airflow.operators.job import (
@@ -24,14 +26,91 @@ from horovod_airflow.operators.job import (
     is_templated,
 )
 from horovod_airflow.operators.links import RegistryLink
-from horovod_airflow.operators.model_registry import asset_event_extra, publish_model, run_version
+from horovod_airflow.operators.model_registry import (
+    RunModel,
+    asset_event_extra,
+    publish_model,
+    run_version,
+)
+from horovod_airflow.operators.model_registry.refused import candidate_prefix, record_refused
 from horovod_airflow.operators.retry import with_retry_policy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class PublishModelOperator(AwsConnectionMixin, BaseOperator):
+class _RegistryWriter(AwsConnectionMixin, BaseOperator):
+    """What both registry writers take from a run and how they check it: the run folder
+    (``metrics``), the export (``exported``) and the staged data (``dataset``), each an
+    upstream task's XCom, checked cheaply in ``__init__`` and in full once rendered."""
+
+    template_fields: Sequence[str] = ("bucket_uri", "model_name", "metrics", "exported", "dataset")
+    template_fields_renderers = {  # noqa: RUF012
+        "metrics": "json",
+        "exported": "json",
+        "dataset": "json",
+    }
+    operator_extra_links = (RegistryLink(),)
+
+    def __init__(
+        self,
+        *,
+        bucket_uri: str,
+        model_name: str,
+        metrics: Any,
+        exported: Any,
+        dataset: Any,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**with_retry_policy(kwargs))
+        check_uri(bucket_uri, "bucket_uri")
+        if not is_templated(model_name):
+            check_name(model_name, "model_name")
+        check_upstream(metrics, "metrics", ("output",))
+        check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
+        check_upstream(dataset, "dataset")
+        self.bucket_uri = bucket_uri
+        self.model_name = model_name
+        self.metrics = metrics
+        self.exported = exported
+        self.dataset = dataset
+        self.aws_conn_id = aws_conn_id
+
+    def _rendered_run(
+        self, context: Context, *, version: str | None = None, gate: dict[str, Any] | None = None
+    ) -> tuple[RunModel, Any]:
+        """The rendered fields, validated, as the registry's :class:`RunModel` of this DAG
+        run, and the S3 client for it. ``version`` None: the version named by the run;
+        ``gate`` None: the run's own ``gate.json`` (the one its gate task wrote). A bad field
+        fails the task without a retry (:class:`HorovodConfigError`)."""
+        try:
+            metrics = as_mapping(self.metrics, "metrics", ("output",))
+            exported = as_mapping(self.exported, "exported", ("onnx_uri", "parity_uri"))
+            self.bucket_uri = check_uri(self.bucket_uri, "bucket_uri")
+            model_name = check_name(self.model_name, "model_name")
+            run_output = check_uri(metrics["output"], "metrics['output']")
+            onnx_uri = check_uri(exported["onnx_uri"], "exported['onnx_uri']")
+            parity_uri = check_uri(exported["parity_uri"], "exported['parity_uri']")
+            dataset = dict(as_mapping(self.dataset, "dataset"))
+            if version is None:
+                dag_run = context["dag_run"]
+                version = run_version(dag_run.dag_id, str(context["run_id"]), dag_run.run_after)
+            version = check_name(version, "version")
+        except ValueError as e:
+            raise HorovodConfigError(f"{self.task_id}: {e}") from e
+        client = self.s3_client_for(self.bucket_uri, run_output, onnx_uri)
+        if gate is None:
+            gate_uri = storage.join(run_output, GATE_NAME)
+            gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
+        dag_run_id = str(context["run_id"])  # the locals are RunModel's fields, in its order
+        run = RunModel(
+            model_name, version, run_output, onnx_uri, parity_uri, dataset, gate, dag_run_id
+        )
+        return run, client
+
+
+class PublishModelOperator(_RegistryWriter):
     """Publish a gated, exported model to ``<bucket_uri>/models/<model_name>/<version>/``.
 
     Copies the ONNX model, checkpoint, metrics, parity report, training curves and a summary,
@@ -63,67 +142,33 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
     :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
     """
 
-    template_fields: Sequence[str] = (
-        "bucket_uri",
-        "model_name",
-        "metrics",
-        "exported",
-        "dataset",
-        "decision",
-        "version",
-    )
+    template_fields: Sequence[str] = (*_RegistryWriter.template_fields, "decision", "version")
     template_fields_renderers = {  # noqa: RUF012
-        "metrics": "json",
-        "exported": "json",
-        "dataset": "json",
+        **_RegistryWriter.template_fields_renderers,
         "decision": "json",
     }
     ui_color = "#dff3e3"
-    operator_extra_links = (RegistryLink(),)
 
-    def __init__(
-        self,
-        *,
-        bucket_uri: str,
-        model_name: str,
-        metrics: Any,
-        exported: Any,
-        dataset: Any,
-        decision: Any,
-        version: str | None = None,
-        aws_conn_id: str | None = "aws_default",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**with_retry_policy(kwargs))
-        _check_run_settings(bucket_uri, model_name, metrics, exported, dataset)
+    def __init__(self, *, decision: Any, version: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         check_upstream(decision, "decision", ("passed",))
         if version is not None and not is_templated(version):
             check_name(version, "version")
-        self.bucket_uri = bucket_uri
-        self.model_name = model_name
-        self.metrics = metrics
-        self.exported = exported
-        self.dataset = dataset
         self.decision = decision
         self.version = version
-        self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         try:
-            settings = self._rendered_settings(context)
+            gate = dict(as_mapping(self.decision, "decision", ("passed",)))
         except ValueError as e:
             raise HorovodConfigError(f"{self.task_id}: {e}") from e
-        latest = publish_model(
-            **settings,
-            client=self.s3_client_for(
-                settings["bucket_uri"], settings["run_output"], settings["onnx_uri"]
-            ),
-        )
+        run, client = self._rendered_run(context, version=self.version, gate=gate)
+        latest = publish_model(self.bucket_uri, run, client=client)
         extra = asset_event_extra(latest)
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
                 context["outlet_events"][outlet].extra = extra
-        self._lineage = (settings["run_output"], latest.get("dataset_uri") or "", latest["uri"])
+        self._lineage = (run.run_output, latest.get("dataset_uri") or "", latest["uri"])
         return latest
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
@@ -137,53 +182,8 @@ class PublishModelOperator(AwsConnectionMixin, BaseOperator):
         run_output, dataset_uri, version_uri = lineage
         return operator_lineage([run_output, dataset_uri], [version_uri])
 
-    def _rendered_settings(self, context: Context) -> dict[str, Any]:
-        """The rendered fields, validated, as :func:`publish_model`'s keyword arguments."""
-        settings = _rendered_run_settings(self)
-        version = self.version
-        return {
-            **settings,
-            "gate": dict(as_mapping(self.decision, "decision", ("passed",))),
-            "dag_run_id": str(context["run_id"]),
-            "version": _run_named(context) if version is None else check_name(version, "version"),
-        }
 
-
-def _check_run_settings(
-    bucket_uri: str, model_name: str, metrics: Any, exported: Any, dataset: Any
-) -> None:
-    """``__init__``'s cheap checks of what both registry operators take from a run (the
-    templated ones are checked once rendered)."""
-    check_uri(bucket_uri, "bucket_uri")
-    if not is_templated(model_name):
-        check_name(model_name, "model_name")
-    check_upstream(metrics, "metrics", ("output",))
-    check_upstream(exported, "exported", ("onnx_uri", "parity_uri"))
-    check_upstream(dataset, "dataset")
-
-
-def _rendered_run_settings(op: Any) -> dict[str, Any]:
-    """The rendered run fields both registry operators take, validated: ``bucket_uri``,
-    ``model_name``, ``run_output``, ``onnx_uri``, ``parity_uri``, ``dataset``."""
-    metrics = as_mapping(op.metrics, "metrics", ("output",))
-    exported = as_mapping(op.exported, "exported", ("onnx_uri", "parity_uri"))
-    return {
-        "bucket_uri": check_uri(op.bucket_uri, "bucket_uri"),
-        "model_name": check_name(op.model_name, "model_name"),
-        "run_output": check_uri(metrics["output"], "metrics['output']"),
-        "onnx_uri": check_uri(exported["onnx_uri"], "exported['onnx_uri']"),
-        "parity_uri": check_uri(exported["parity_uri"], "exported['parity_uri']"),
-        "dataset": dict(as_mapping(op.dataset, "dataset")),
-    }
-
-
-def _run_named(context: Context) -> str:
-    """The version this DAG run publishes (or keeps as a refused candidate) under."""
-    dag_run = context["dag_run"]
-    return run_version(dag_run.dag_id, str(context["run_id"]), dag_run.run_after)
-
-
-class RecordRefusedOperator(AwsConnectionMixin, BaseOperator):
+class RecordRefusedOperator(_RegistryWriter):
     """Keep the exported model of a run the gate refused as a *refused candidate* of the
     registry (``<bucket_uri>/models/<model_name>/refused/<version>/``), where serving never
     looks, so that an admin can promote it later with a recorded override reason (the
@@ -209,80 +209,31 @@ class RecordRefusedOperator(AwsConnectionMixin, BaseOperator):
     :param aws_conn_id: the Airflow AWS connection; None: the standard ``AWS_*`` environment.
     """
 
-    template_fields: Sequence[str] = ("bucket_uri", "model_name", "metrics", "exported", "dataset")
-    template_fields_renderers = {  # noqa: RUF012
-        "metrics": "json",
-        "exported": "json",
-        "dataset": "json",
-    }
     ui_color = "#f6e0e0"
-    operator_extra_links = (RegistryLink(),)
-
-    def __init__(
-        self,
-        *,
-        bucket_uri: str,
-        model_name: str,
-        metrics: Any,
-        exported: Any,
-        dataset: Any,
-        aws_conn_id: str | None = "aws_default",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**with_retry_policy(kwargs))
-        _check_run_settings(bucket_uri, model_name, metrics, exported, dataset)
-        self.bucket_uri = bucket_uri
-        self.model_name = model_name
-        self.metrics = metrics
-        self.exported = exported
-        self.dataset = dataset
-        self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from horovod_airflow.core import storage
-        from horovod_airflow.core.contract import GATE, GATE_NAME, VERSION_MANIFEST_NAME
-        from horovod_airflow.operators.model_registry.refused import (
-            candidate_prefix,
-            record_refused,
-        )
-
-        try:
-            settings = _rendered_run_settings(self)
-        except ValueError as e:
-            raise HorovodConfigError(f"{self.task_id}: {e}") from e
-        bucket_uri, model_name = settings["bucket_uri"], settings["model_name"]
-        run_output = settings["run_output"]
-        client = self.s3_client_for(bucket_uri, run_output, settings["onnx_uri"])
-        gate_uri = storage.join(run_output, GATE_NAME)
-        gate = GATE.loads(storage.read_text(gate_uri, client=client), gate_uri)
-        if gate["passed"]:
+        run, client = self._rendered_run(context)
+        if run.gate["passed"]:
             from airflow.sdk.exceptions import AirflowSkipException
 
-            raise AirflowSkipException(f"the gate passed ({gate['reason']}): the run publishes")
-        version = _run_named(context)
-        manifest = record_refused(
-            **settings,
-            version=version,
-            gate=gate,
-            dag_run_id=str(context["run_id"]),
-            client=client,
-        )
+            raise AirflowSkipException(f"the gate passed ({run.gate['reason']}): the run publishes")
+        manifest = record_refused(self.bucket_uri, run, client=client)
         if manifest is None:
-            return {"recorded": False, "model": model_name, "version": version}
-        prefix = candidate_prefix(bucket_uri, model_name, version)
+            return {"recorded": False, "model": run.model_name, "version": run.version}
+        prefix = candidate_prefix(self.bucket_uri, run.model_name, run.version)
         self.log.info(
             "refused (%s): kept as the refused candidate %s at %s; latest.json unchanged. An "
             "admin may promote it with an override reason from the registry page",
-            gate["reason"],
-            version,
+            run.gate["reason"],
+            run.version,
             prefix,
         )
         return {
             "recorded": True,
-            "model": model_name,
-            "version": version,
+            "model": run.model_name,
+            "version": run.version,
             "uri": prefix,
             "manifest_uri": storage.join(prefix, VERSION_MANIFEST_NAME),
             "val_accuracy": manifest["metrics"].get("val_accuracy"),
-            "gate_reason": gate["reason"],
+            "gate_reason": run.gate["reason"],
         }

@@ -48,6 +48,7 @@ from horovod_airflow.operators.model_registry.latest import (
     write_latest,
 )
 from horovod_airflow.operators.model_registry.publish import (
+    RunModel,
     asset_event_extra,
     check_forward,
     publish_model,
@@ -63,6 +64,7 @@ __all__ = [
     "KEY_READABLE_CHARS",
     "ConditionalWritesUnsupportedError",
     "GateDecision",
+    "RunModel",
     "asset_event_extra",
     "champion_dataset_hash",
     "check_conditional_writes",

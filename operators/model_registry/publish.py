@@ -8,6 +8,7 @@ import hashlib
 import logging
 import re
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,27 @@ from horovod_airflow.operators.model_registry.summaries import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """One run's exported model as the registry's writers take it (:func:`publish_model`,
+    :func:`~horovod_airflow.operators.model_registry.refused.record_refused`).
+
+    ``run_output`` is the run folder (``metrics.json``, ``checkpoint.pt``), ``onnx_uri`` and
+    ``parity_uri`` the export's files, ``dataset`` the staging task's XCom (``uri``,
+    ``content_hash``), ``gate`` the gate's decision, ``version`` the version it goes to (named
+    by the run, :func:`run_version`) and ``dag_run_id`` the run that made it.
+    """
+
+    model_name: str
+    version: str
+    run_output: str
+    onnx_uri: str
+    parity_uri: str
+    dataset: dict[str, Any]
+    gate: dict[str, Any]
+    dag_run_id: str
 
 
 def asset_event_extra(latest: dict[str, Any]) -> dict[str, Any]:
@@ -136,22 +158,10 @@ def latest_document(manifest: dict[str, Any], manifest_uri: str, prefix: str) ->
     }
 
 
-def publish_model(
-    *,
-    bucket_uri: str,
-    model_name: str,
-    run_output: str,
-    onnx_uri: str,
-    parity_uri: str,
-    dataset: dict[str, Any],
-    gate: dict[str, Any],
-    dag_run_id: str,
-    version: str,
-    client: Any | None = None,
-) -> dict[str, Any]:
+def publish_model(bucket_uri: str, run: RunModel, *, client: Any | None = None) -> dict[str, Any]:
     """Copy a gated run's artifacts to ``version``, then point ``latest.json`` at it.
 
-    Idempotent per run: ``version`` comes from the run (:func:`run_version`), so a retry finds
+    Idempotent per run: ``run.version`` comes from the run (:func:`run_version`), so a retry finds
     its own version. A version whose ``manifest.json`` (written last) exists is complete and
     is not copied again; when ``latest.json`` already names it, the publish is done and
     returns that document unchanged. ``latest.json`` is written only over the one the gate
@@ -165,10 +175,11 @@ def publish_model(
     decision actually used.
 
     Returns the ``latest.json`` document. Raises :class:`PublishRefusedError` when the gate
-    or ONNX parity did not pass, ``version`` holds another run's model or is older than the
+    or ONNX parity did not pass, the version holds another run's model or is older than the
     champion, and :class:`ChampionChangedError` when another publish changed ``latest.json``
     since the gate.
     """
+    gate, model_name, version = run.gate, run.model_name, run.version
     if not gate.get("passed"):
         raise PublishRefusedError(
             f"refusing to publish: the gate did not pass ({gate.get('reason')})"
@@ -190,12 +201,16 @@ def publish_model(
         check_conditional_writes(s3, registry.bucket, models_prefix(bucket_uri, model_name))
 
     current, _ = read_latest(bucket_uri, model_name, client=client)
-    if current and current.get("version") == version and current.get("dag_run_id") == dag_run_id:
+    if (
+        current
+        and current.get("version") == version
+        and current.get("dag_run_id") == run.dag_run_id
+    ):
         log.info("%s %s is already published by this run: nothing to do", model_name, version)
         return current
 
     earlier = earlier_of_this_run(
-        prefix, run_output, dag_run_id, refusing="refusing to publish", client=client
+        prefix, run.run_output, run.dag_run_id, refusing="refusing to publish", client=client
     )
     check_forward(current, version, earlier)
     if earlier is not None and earlier.get("gate") == gate:
@@ -204,18 +219,7 @@ def publish_model(
     else:
         if earlier is not None:  # copied under another decision (the gate ran again since)
             log.info("%s was copied under an earlier gate decision: recording this one", prefix)
-        manifest = copy_version(
-            prefix=prefix,
-            model_name=model_name,
-            version=version,
-            run_output=run_output,
-            onnx_uri=onnx_uri,
-            parity_uri=parity_uri,
-            dataset=dataset,
-            gate=gate,
-            dag_run_id=dag_run_id,
-            client=client,
-        )
+        manifest = copy_version(prefix, run, client=client)
 
     latest = latest_document(manifest, manifest_uri, prefix)
     # Last, and only over the champion the gate compared against: readers following
@@ -254,21 +258,10 @@ def earlier_of_this_run(
     return earlier
 
 
-def copy_version(
-    *,
-    prefix: str,
-    model_name: str,
-    version: str,
-    run_output: str,
-    onnx_uri: str,
-    parity_uri: str,
-    dataset: dict[str, Any],
-    gate: dict[str, Any],
-    dag_run_id: str,
-    client: Any | None,
-) -> dict[str, Any]:
+def copy_version(prefix: str, run: RunModel, *, client: Any | None) -> dict[str, Any]:
     """Copy the run's files under ``prefix``, then write its ``manifest.json`` last (readers
     take a version with a manifest as complete); return the manifest."""
+    run_output, dataset, parity_uri = run.run_output, run.dataset, run.parity_uri
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
     metrics_uri = storage.join(run_output, METRICS_NAME)
     metrics = METRICS.loads(storage.read_text(metrics_uri, client=client), metrics_uri)
@@ -279,7 +272,7 @@ def copy_version(
         raise PublishRefusedError(f"refusing to publish: ONNX parity failed ({parity})")
     preprocessing = check_preprocessing(parity["preprocessing"], f"{parity_uri} preprocessing")
     sources = {
-        ONNX_NAME: onnx_uri,
+        ONNX_NAME: run.onnx_uri,
         CHECKPOINT_NAME: metrics.get("artifacts", {}).get("checkpoint")
         or storage.join(run_output, CHECKPOINT_NAME),
         METRICS_NAME: storage.join(run_output, METRICS_NAME),
@@ -297,13 +290,13 @@ def copy_version(
         local[CURVES_NAME] = Path(tmp) / CURVES_NAME
         (Path(tmp) / SUMMARY_NAME).write_text(
             render_summary(
-                model_name=model_name,
-                version=version,
+                model_name=run.model_name,
+                version=run.version,
                 metrics=metrics,
-                gate=gate,
+                gate=run.gate,
                 dataset=dataset,
                 parity=parity,
-                dag_run_id=dag_run_id,
+                dag_run_id=run.dag_run_id,
                 published_at=published_at,
             )
         )
@@ -318,8 +311,8 @@ def copy_version(
     final = {k: metrics.get(k) for k in ("val_accuracy", "val_loss", "val_correct", "val_samples")}
     manifest = {
         "format": VERSION_MANIFEST.format,
-        "model": model_name,
-        "version": version,
+        "model": run.model_name,
+        "version": run.version,
         "files": files,
         "dataset": {"uri": dataset.get("uri"), "content_hash": dataset.get("content_hash")},
         "metrics": final,
@@ -328,9 +321,9 @@ def copy_version(
         "versions": metrics.get("versions", {}),
         **({"elastic": elastic} if (elastic := elastic_summary(metrics)) else {}),
         "preprocessing": preprocessing,  # what the model's ONNX metadata carries
-        "gate": gate,
+        "gate": run.gate,
         "source_run": run_output,
-        "dag_run_id": dag_run_id,
+        "dag_run_id": run.dag_run_id,
         "published_at": published_at,
     }
     storage.write_text(

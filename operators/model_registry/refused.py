@@ -27,6 +27,7 @@ from horovod_airflow.operators.exceptions import PublishRefusedError
 from horovod_airflow.operators.model_registry.latest import check_version, models_prefix
 from horovod_airflow.operators.model_registry.publish import (
     _DUE,
+    RunModel,
     copy_version,
     earlier_of_this_run,
 )
@@ -69,68 +70,45 @@ def candidate_order(manifest: dict[str, Any]) -> tuple[str, str]:
 
 
 def record_refused(
-    *,
-    bucket_uri: str,
-    model_name: str,
-    version: str,
-    run_output: str,
-    onnx_uri: str,
-    parity_uri: str,
-    dataset: dict[str, Any],
-    gate: dict[str, Any],
-    dag_run_id: str,
-    client: Any | None = None,
+    bucket_uri: str, run: RunModel, *, client: Any | None = None
 ) -> dict[str, Any] | None:
-    """Keep a refused run's exported model as the candidate ``version``; return its manifest.
+    """Keep a refused run's exported model as the candidate ``run.version``; return its
+    manifest.
 
     Idempotent per run, as a publish is: a complete candidate of this run and decision is not
     copied again; one recorded under another decision (the gate ran again) is copied again.
-    Returns None, recording nothing, when ``version`` is already published (the run passed an
+    Returns None, recording nothing, when the version is already published (the run passed an
     earlier gate and was published: the registry has its model). Raises
     :class:`PublishRefusedError` for a decision that passed (that run publishes), a failed
-    ONNX parity, or a candidate of ``version`` that holds another run's model.
+    ONNX parity, or a candidate of the version that holds another run's model.
     """
-    if gate.get("passed"):
-        raise PublishRefusedError(
-            "refusing to record a refused candidate: the gate passed, so the run publishes"
-        )
+    refusing = "refusing to record a refused candidate"
+    if run.gate.get("passed"):
+        raise PublishRefusedError(f"{refusing}: the gate passed, so the run publishes")
     try:
-        check_version(version)
+        check_version(run.version)
     except ValueError as e:
-        raise PublishRefusedError(f"refusing to record a refused candidate: {e}") from e
-    published = storage.join(models_prefix(bucket_uri, model_name), version, VERSION_MANIFEST_NAME)
-    if storage.exists(published, client=client):
-        log.warning("%s %s is published already: no refused candidate kept", model_name, version)
+        raise PublishRefusedError(f"{refusing}: {e}") from e
+    models = models_prefix(bucket_uri, run.model_name)
+    if storage.exists(storage.join(models, run.version, VERSION_MANIFEST_NAME), client=client):
+        log.warning(
+            "%s %s is published already: no refused candidate kept", run.model_name, run.version
+        )
         return None
-    prefix = candidate_prefix(bucket_uri, model_name, version)
+    prefix = candidate_prefix(bucket_uri, run.model_name, run.version)
     earlier = earlier_of_this_run(
-        prefix,
-        run_output,
-        dag_run_id,
-        refusing="refusing to record a refused candidate",
-        client=client,
+        prefix, run.run_output, run.dag_run_id, refusing=refusing, client=client
     )
-    if earlier is not None and earlier.get("gate") == gate:
+    if earlier is not None and earlier.get("gate") == run.gate:
         log.info("%s is complete from an earlier try: not copied again", prefix)
         return earlier
-    manifest = copy_version(
-        prefix=prefix,
-        model_name=model_name,
-        version=version,
-        run_output=run_output,
-        onnx_uri=onnx_uri,
-        parity_uri=parity_uri,
-        dataset=dataset,
-        gate=gate,
-        dag_run_id=dag_run_id,
-        client=client,
-    )
+    manifest = copy_version(prefix, run, client=client)
     log.info(
         "recorded the refused candidate %s %s at %s (not published: %s)",
-        model_name,
-        version,
+        run.model_name,
+        run.version,
         prefix,
-        gate.get("reason"),
+        run.gate.get("reason"),
     )
     return manifest
 

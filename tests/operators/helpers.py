@@ -97,7 +97,12 @@ def publish_fake_model(
 
     ``dataset_uri`` (default: a made-up one under the bucket) and ``val_samples`` are what the
     version records its accuracy was measured on: the serving check predicts there."""
-    from horovod_airflow.operators.model_registry import decide_gate, publish_model, read_latest
+    from horovod_airflow.operators.model_registry import (
+        RunModel,
+        decide_gate,
+        publish_model,
+        read_latest,
+    )
 
     run = f"s3://{bucket}/runs/fake/{version}"
     put_run_artifacts(s3, run, accuracy=accuracy, onnx_bytes=onnx_bytes, val_samples=val_samples)
@@ -105,13 +110,13 @@ def publish_fake_model(
     gate = decide_gate(accuracy, min_accuracy=0.0, champion=champion, max_regression=1.0,
                        challenger_dataset_hash=dataset_hash, champion_rescored_accuracy=0.0,
                        champion_etag=etag).as_dict()  # fmt: skip
-    return publish_model(
-        bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run,
+    return publish_model(f"s3://{bucket}", RunModel(
+        model_name="mnist_cnn", run_output=run,
         onnx_uri=f"{run}/onnx/model.onnx", parity_uri=f"{run}/onnx/parity.json",
         dataset={"uri": dataset_uri or f"s3://{bucket}/datasets/mnist/{dataset_hash[:16]}",
                  "content_hash": dataset_hash},
-        gate=gate, dag_run_id=dag_run_id, version=version, client=s3,
-    )  # fmt: skip
+        gate=gate, dag_run_id=dag_run_id, version=version,
+    ), client=s3)  # fmt: skip
 
 
 def undocumented_template_fields(operator_class: type) -> list[str]:
@@ -206,6 +211,7 @@ def refused_centroid_candidate(
     import numpy as np
 
     from horovod_airflow.core import contract, storage
+    from horovod_airflow.operators.model_registry import RunModel
     from horovod_airflow.operators.model_registry.refused import record_refused
     from horovod_airflow.trainer.model import preprocessing
 
@@ -219,12 +225,12 @@ def refused_centroid_candidate(
     gate = {"passed": False, "reason": reason, "challenger_accuracy": true, "min_accuracy": 0.99,
             "max_regression": 0.0}  # fmt: skip
     storage.write_text(f"{run}/gate.json", contract.GATE.dumps(gate), client=s3)
-    manifest = record_refused(
-        bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", version=version, run_output=run,
+    manifest = record_refused(f"s3://{bucket}", RunModel(
+        model_name="mnist_cnn", version=version, run_output=run,
         onnx_uri=f"{run}/onnx/model.onnx", parity_uri=f"{run}/onnx/parity.json",
         dataset={"uri": staged["uri"], "content_hash": staged["content_hash"]}, gate=gate,
-        dag_run_id=dag_run_id, client=s3,
-    )  # fmt: skip
+        dag_run_id=dag_run_id,
+    ), client=s3)  # fmt: skip
     assert manifest is not None
     return manifest
 

@@ -22,6 +22,7 @@ from horovod_airflow.core.contract import (
 )
 from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
 from horovod_airflow.operators.model_registry import (
+    RunModel,
     decide_gate,
     publish_model,
     read_champion,
@@ -195,12 +196,11 @@ def _gate(s3_server, bucket, accuracy=0.99) -> dict:
 
 
 def _publish(s3_server, bucket, run, onnx, parity, version, gate=None, dag_run_id="manual__1"):
-    return publish_model(
-        bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run, onnx_uri=onnx,
+    return publish_model(f"s3://{bucket}", RunModel(
+        model_name="mnist_cnn", run_output=run, onnx_uri=onnx,
         parity_uri=parity, dataset={"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"},
-        gate=gate or _gate(s3_server, bucket), dag_run_id=dag_run_id, client=s3_server.client(),
-        version=version,
-    )  # fmt: skip
+        gate=gate or _gate(s3_server, bucket), dag_run_id=dag_run_id, version=version,
+    ), client=s3_server.client())  # fmt: skip
 
 
 def test_publish_writes_a_complete_version_then_latest(s3_server):
@@ -244,9 +244,10 @@ def test_a_failed_publish_leaves_latest_untouched(s3_server):
 
     bad_gate = decide_gate(0.1, min_accuracy=0.5, champion=None, max_regression=0.0).as_dict()
     with pytest.raises(PublishRefusedError, match="refusing to publish: the gate did not pass"):
-        publish_model(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run2,
-                      onnx_uri=f"{run2}/onnx/model.onnx", parity_uri=parity2, dataset={},
-                      gate=bad_gate, dag_run_id="r", client=client, version="v2")  # fmt: skip
+        publish_model(f"s3://{bucket}", RunModel(
+            model_name="mnist_cnn", run_output=run2, onnx_uri=f"{run2}/onnx/model.onnx",
+            parity_uri=parity2, dataset={}, gate=bad_gate, dag_run_id="r", version="v2",
+        ), client=client)  # fmt: skip
     assert storage.read_bytes(latest_uri, client=client) == before
 
 
@@ -551,13 +552,11 @@ def test_a_server_that_ignores_conditional_writes_is_refused(moto_s3):
             aws_secret_access_key=s3_server.worker.secret_key,
         )  # fmt: skip
         with pytest.raises(ConditionalWritesUnsupportedError) as refused:
-            publish_model(
-                bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", run_output=run,
-                onnx_uri=onnx, parity_uri=parity,
+            publish_model(f"s3://{bucket}", RunModel(
+                model_name="mnist_cnn", run_output=run, onnx_uri=onnx, parity_uri=parity,
                 dataset={"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"},
-                gate=_gate(s3_server, bucket), dag_run_id="manual__1", client=careless,
-                version="v1",
-            )  # fmt: skip
+                gate=_gate(s3_server, bucket), dag_run_id="manual__1", version="v1",
+            ), client=careless)  # fmt: skip
     message = str(refused.value)
     assert "does not honour conditional writes" in message
     assert "a second create with If-None-Match: *" in message

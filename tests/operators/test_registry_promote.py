@@ -7,13 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from horovod_airflow.core import contract, storage
 from horovod_airflow.core.contract import GATE, LATEST, PROMOTION
 from horovod_airflow.operators.exceptions import ChampionChangedError, PublishRefusedError
-from horovod_airflow.operators.model_registry import read_latest
+from horovod_airflow.operators.model_registry import RunModel, read_latest
 from horovod_airflow.operators.model_registry.promote import (
     PromotionRefusedError,
     list_models,
@@ -262,16 +263,17 @@ def _refused_candidate(s3_server, bucket_uri, client):
     bucket = bucket_uri.removeprefix("s3://")
     run, onnx, parity = _fake_run(s3_server, bucket, 0.995)
     storage.write_text(f"{run}/gate.json", GATE.dumps(REFUSAL), client=client)
-    kw = dict(bucket_uri=bucket_uri, model_name="mnist_cnn", version=V3, run_output=run,
-              onnx_uri=onnx, parity_uri=parity, dag_run_id="scheduled__3", client=client,
-              dataset={"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"})  # fmt: skip
-    return record_refused(gate=REFUSAL, **kw), kw
+    dataset = {"uri": "s3://x/datasets/mnist/abc", "content_hash": "abc"}
+    refused = RunModel(model_name="mnist_cnn", version=V3, run_output=run, onnx_uri=onnx,
+                       parity_uri=parity, dag_run_id="scheduled__3", gate=REFUSAL,
+                       dataset=dataset)  # fmt: skip
+    return record_refused(bucket_uri, refused, client=client), refused
 
 
 def test_a_refused_run_is_kept_as_a_candidate_that_serving_never_sees(s3_server):
     bucket_uri, client = _two_versions(s3_server)
     before = storage.read_text(f"{bucket_uri}/models/mnist_cnn/latest.json", client=client)
-    candidate, kw = _refused_candidate(s3_server, bucket_uri, client)
+    candidate, refused = _refused_candidate(s3_server, bucket_uri, client)
 
     assert candidate["gate"] == REFUSAL and candidate["version"] == V3
     prefix = f"{bucket_uri}/models/mnist_cnn/refused/{V3}"
@@ -286,11 +288,13 @@ def test_a_refused_run_is_kept_as_a_candidate_that_serving_never_sees(s3_server)
     assert [c["version"] for c in candidates] == [V3]
     assert not storage.exists(f"{bucket_uri}/models/mnist_cnn/{V3}/manifest.json", client=client)
     # A retry finds it complete; a passed decision, or another run's model, is refused.
-    assert record_refused(gate=REFUSAL, **kw) == candidate
+    assert record_refused(bucket_uri, refused, client=client) == candidate
+    passed = replace(refused, gate={**REFUSAL, "passed": True})
     with pytest.raises(PublishRefusedError, match="the gate passed"):
-        record_refused(gate={**REFUSAL, "passed": True}, **kw)
+        record_refused(bucket_uri, passed, client=client)
+    other = replace(refused, dag_run_id="scheduled__other")
     with pytest.raises(PublishRefusedError, match="already holds the model of run"):
-        record_refused(gate=REFUSAL, **{**kw, "dag_run_id": "scheduled__other"})
+        record_refused(bucket_uri, other, client=client)
 
 
 def test_a_refused_candidate_is_promoted_only_by_an_admin_with_a_reason(s3_server):
