@@ -4,6 +4,9 @@
 #
 #   scripts/engines/netns_hosts.sh up       # create namespaces, bridge, keys, sshd per host
 #   scripts/engines/netns_hosts.sh down     # stop those sshd (by PID), delete all of it
+#   scripts/engines/netns_hosts.sh lose H   # host H lost as a preempted node: every process in
+#                                           # its namespace killed, namespace and link deleted
+#                                           # (`up` brings it back)
 #   scripts/engines/netns_hosts.sh status   # show what exists
 #   scripts/engines/netns_hosts.sh env      # print the settings a launcher needs
 #
@@ -32,6 +35,13 @@ subnet=${HVA_NETNS_SUBNET:-10.231.77}
 iface=${HVA_NETNS_IFACE:-hvd0}
 port=${HVA_NETNS_SSH_PORT:-2222}
 bridge_ip="$subnet.254"
+# The bridge's own MAC address, fixed (locally administered, from the subnet). Left alone, a
+# Linux bridge takes the lowest MAC of its ports, and changes it when that port goes: losing
+# one host (`lose`) would then cut every other host off from the root namespace until their
+# neighbour entries expired, long enough for their sshd to drop horovodrun's sessions
+# (ClientAlive below), a failure no real node loss causes.
+IFS=. read -r _ b c <<<"$subnet"
+bridge_mac=$(printf '02:0a:%02x:%02x:00:fe' "$b" "$c")
 
 log() { echo "netns_hosts: $*" >&2; }
 die() { echo "netns_hosts: ERROR: $*" >&2; exit 1; }
@@ -138,6 +148,7 @@ cmd_up() {
 
   if ! ip link show "$iface" >/dev/null 2>&1; then
     ip link add "$iface" type bridge
+    ip link set "$iface" address "$bridge_mac"
     ip addr add "$bridge_ip/24" dev "$iface"
     ip link set "$iface" up
   fi
@@ -196,21 +207,39 @@ cmd_up() {
   log "up: $(for h in $hosts; do printf '%s=%s ' "$h" "$(host_ip "$h")"; done)(ssh port $port, key $state/id_ed25519)"
 }
 
-cmd_down() {
-  local h pid
+remove_host() { # host: its sshd and every process in its namespace killed, then it is deleted
+  local h=$1 pid
+  if pid=$(sshd_pid "$h"); then
+    # The listener, then any session it forked: all of them live only in this namespace.
+    kill "$pid" 2>/dev/null || true
+  fi
+  if ip netns list | grep -qw "^$h"; then
+    for pid in $(ip netns pids "$h" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$h"
+  fi
+  ip link del "$iface-$h" 2>/dev/null || true
+  rm -f "/etc/netns/$h/hosts"
+  rmdir "/etc/netns/$h" 2>/dev/null || true
+}
+
+cmd_lose() { # host
+  [ -n "${1:-}" ] && host_index "$1" >/dev/null ||
+    die "lose: name one of the hosts ($hosts), got '${1:-}'"
+  remove_host "$1"
+  # The others (and the bridge) still hold its link's old MAC address: a host brought back
+  # by `up` has a new one, and would not be reached until those entries expired.
+  local ip h
+  ip=$(host_ip "$1")
+  ip neigh flush to "$ip" 2>/dev/null || true
   for h in $hosts; do
-    if pid=$(sshd_pid "$h"); then
-      # The listener, then any session it forked: all of them live only in this namespace.
-      kill "$pid" 2>/dev/null || true
-    fi
-    if ip netns list | grep -qw "^$h"; then
-      for pid in $(ip netns pids "$h" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-      ip netns del "$h"
-    fi
-    ip link del "$iface-$h" 2>/dev/null || true
-    rm -f "/etc/netns/$h/hosts"
-    rmdir "/etc/netns/$h" 2>/dev/null || true
+    [ "$h" = "$1" ] || ip -n "$h" neigh flush to "$ip" 2>/dev/null || true
   done
+  log "lost $1 ($(host_ip "$1")): its processes killed, its namespace and link deleted"
+}
+
+cmd_down() {
+  local h
+  for h in $hosts; do remove_host "$h"; done
   ip link show "$iface" >/dev/null 2>&1 && ip link del "$iface"
   for h in $hosts; do
     ssh-keygen -q -R "[$(host_ip "$h")]:$port" >/dev/null 2>&1 || true
@@ -247,7 +276,8 @@ cmd_env() {
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
+  lose) cmd_lose "${2:-}" ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) die "usage: $0 up|down|status|env (got '${1:-}')" ;;
+  *) die "usage: $0 up|down|lose HOST|status|env (got '${1:-}')" ;;
 esac
