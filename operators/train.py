@@ -270,6 +270,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
                 as_int(e.max_np, "elastic.max_np", minimum=1),
                 e.timeout_s,
                 e.hosts_file,
+                e.cooldown_s,
             )
             if is_our_train(self.entrypoint) and "--elastic" not in program:
                 program.append("--elastic")

@@ -51,12 +51,14 @@ class JobSpec:
 @dataclass(frozen=True)
 class ElasticSpec:
     """An elastic job's bounds (rendered ``ElasticOptions``): horovodrun's ``--min-np``,
-    ``--max-np`` and ``--elastic-timeout`` (seconds it waits for ``min_np`` slots)."""
+    ``--max-np``, ``--elastic-timeout`` (seconds it waits for ``min_np`` slots) and
+    ``--blacklist-cooldown-range`` (``cooldown_s``: when a dropped host may return)."""
 
     min_np: int
     max_np: int
     timeout_s: int
     hosts_file: str | None = None  # host:slots lines the discovery script prints
+    cooldown_s: tuple[int, int] | None = None  # None: a dropped host never returns
 
 
 def check_elastic_bounds(elastic: ElasticSpec, num_proc: int) -> None:
@@ -72,11 +74,14 @@ def elastic_args(
     elastic: ElasticSpec, script: str, *, slots_per_host: int | None = None
 ) -> list[str]:
     """horovodrun's elastic arguments (they replace ``-H``): the bounds, the discovery
-    script, the timeout, and ``--slots-per-host`` where the script prints bare host names."""
+    script, the timeout, the cooldown of a dropped host where one is set, and
+    ``--slots-per-host`` where the script prints bare host names."""
     argv = [
         "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
         "--host-discovery-script", script, "--elastic-timeout", str(elastic.timeout_s),
     ]  # fmt: skip
+    if elastic.cooldown_s is not None:
+        argv += ["--blacklist-cooldown-range", *map(str, elastic.cooldown_s)]
     if slots_per_host is not None:
         argv += ["--slots-per-host", str(slots_per_host)]
     return argv

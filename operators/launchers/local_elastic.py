@@ -38,6 +38,14 @@ def check_local_elastic(
             "the discovered slots and then waits without starting a worker"
         )
     check_elastic_bounds(elastic, num_proc)
+    if elastic.cooldown_s is not None and elastic.hosts_file is None:
+        raise HorovodConfigError(
+            "elastic=ElasticOptions(cooldown_s=...) needs ElasticOptions.hosts_file, kept to "
+            "the hosts that are up: the discovery script over LocalOptions.hosts lists a lost "
+            "host forever, so its cooldown would end with horovodrun starting a rank there; "
+            "that rank fails, and Horovod 0.28.1 then ends the whole job once Gloo's 30 s "
+            "rendezvous timeout passes (measured here with a host's namespace torn down)"
+        )
 
 
 def discovery_script(hosts: Sequence[Host], hosts_file: str | None) -> Path:

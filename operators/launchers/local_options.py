@@ -82,6 +82,9 @@ class LocalOptions:
 
 
 DEFAULT_ELASTIC_TIMEOUT_S = 600  # horovodrun's own default --elastic-timeout
+#: The bounds horovodrun 0.28 accepts for ``--blacklist-cooldown-range`` (runner/elastic/
+#: discovery.py: DEFAULT_COOLDOWN_LOWER_LIMIT_SECONDS, DEFAULT_COOLDOWN_UPPER_LIMIT_SECONDS).
+COOLDOWN_LIMITS_S = (1, 3600)
 
 
 @dataclass
@@ -104,12 +107,23 @@ class ElasticOptions:
     :param hosts_file: a file of ``host:slots`` lines that the discovery script reads each
         time horovodrun asks (change it to add or remove hosts); None: the launcher writes
         one from ``LocalOptions.hosts``.
+    :param cooldown_s: ``(lower, upper)`` whole seconds: a host dropped after a failure is
+        taken back (if discovery still lists it) once its cooldown ends, the cooldown of its
+        n-th drop being ``lower * 2**n`` plus up to ``lower`` at random, at least ``lower`` and
+        at most ``upper`` (``horovodrun --blacklist-cooldown-range``; ``1 ≤ lower ≤ upper ≤
+        3600``). A node that comes back under its old name (a restarted spot VM, a rank's
+        process that crashed on a healthy host) rejoins. Needs ``hosts_file``, listing only
+        the hosts that are up: a listed host that is down when its cooldown ends gets a
+        rank, which fails, and Horovod 0.28.1 then ends the whole job after Gloo's 30 s
+        rendezvous timeout. ``launcher="local"`` only (an MPIJob refuses it, saying what was
+        measured). None (the default): a dropped host never returns.
     """
 
     min_np: int | str
     max_np: int | str
     timeout_s: int = DEFAULT_ELASTIC_TIMEOUT_S
     hosts_file: str | None = None
+    cooldown_s: tuple[int, int] | None = None
     template_fields = ("min_np", "max_np")  # rendered by Airflow with the operator's fields
 
     def __post_init__(self) -> None:
@@ -120,3 +134,23 @@ class ElasticOptions:
             not isinstance(self.hosts_file, str) or not self.hosts_file
         ):
             raise ValueError(f"ElasticOptions.hosts_file must be a path, got {self.hosts_file!r}")
+        if self.cooldown_s is not None:
+            self.cooldown_s = check_cooldown(self.cooldown_s)
+
+
+def check_cooldown(value: object) -> tuple[int, int]:
+    """``ElasticOptions.cooldown_s`` as ``(lower, upper)``, or ValueError saying what is
+    allowed."""
+    low, high = COOLDOWN_LIMITS_S
+    pair = tuple(value) if isinstance(value, list | tuple) else ()
+    if (
+        len(pair) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)
+        or not low <= pair[0] <= pair[1] <= high
+    ):
+        raise ValueError(
+            f"ElasticOptions.cooldown_s must be (lower, upper) whole seconds with "
+            f"{low} ≤ lower ≤ upper ≤ {high} (horovodrun --blacklist-cooldown-range), "
+            f"got {value!r}"
+        )
+    return int(pair[0]), int(pair[1])

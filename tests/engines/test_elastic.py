@@ -304,6 +304,8 @@ def _elastic_task(
     tmp_path: Path,
     min_np: int,
     timeout_s: int,
+    cooldown_s: tuple[int, int] | None = None,
+    hosts_file: Path | None = None,
 ) -> tuple[Any, Path]:
     """A HorovodTrainOperator on the three hosts with ElasticOptions(min_np, max_np=3), and
     the folder its ranks log their sample ids into."""
@@ -333,7 +335,13 @@ def _elastic_task(
             ssh_identity_file=elastic_hosts.key,
             network_interface=elastic_hosts.interface,
         ),
-        elastic=ElasticOptions(min_np=min_np, max_np=3, timeout_s=timeout_s),
+        elastic=ElasticOptions(
+            min_np=min_np,
+            max_np=3,
+            timeout_s=timeout_s,
+            cooldown_s=cooldown_s,
+            hosts_file=None if hosts_file is None else str(hosts_file),
+        ),
     )
     return op, ids
 
@@ -365,6 +373,45 @@ def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["elastic"]["world_sizes"] == [3, 2]
     assert metrics["elastic"]["world_history"][-1]["left"] == ["e3"]
+    assert metrics["val_accuracy"] >= ACCURACY_FLOOR
+
+
+def test_with_a_cooldown_the_host_of_a_killed_rank_rejoins_and_every_sample_counts(
+    elastic_hosts: ElasticHosts, tmp_path: Path
+) -> None:
+    """ElasticOptions(cooldown_s=(2, 4), hosts_file=...): e3 is dropped when its rank is
+    killed, and taken back 4 s later (horovodrun --blacklist-cooldown-range: the hosts file,
+    which lists the hosts that are up, still lists it), so the world goes 3 → 2 → 3 on try 1.
+    Each epoch still trains on every sample."""
+    from tests.engines.test_multihost import Running
+
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("".join(f"{elastic_hosts.addresses[h]}:1\n" for h in HOSTS))
+    op, ids = _elastic_task(
+        elastic_hosts, tmp_path, min_np=2, timeout_s=60, cooldown_s=(2, 4), hosts_file=hosts_file
+    )
+    running = Running(op)
+    _kill_e3_after_20_steps(ids, running)
+    running.join(300)
+    assert running.error is None, running.error
+    assert running.result is not None and running.result["world_size"] == 3
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    elastic = metrics["elastic"]
+    assert elastic["world_sizes"] == [3, 2, 3], elastic
+    assert elastic["world_history"][1]["left"] == ["e3"]
+    assert elastic["world_history"][2]["joined"] == ["e3"]
+    rows = [
+        json.loads(line)
+        for f in ids.glob("*.jsonl")
+        for line in f.read_text().splitlines()
+        if line.endswith("}")  # the killed rank may have left half a line
+    ]
+    for epoch in (0, 1):
+        assert sorted(set(i for r in rows if r["epoch"] == epoch for i in r["ids"])) == list(
+            range(TRAIN)
+        )
+    assert [h["train_samples"] for h in metrics["history"]] == [TRAIN, TRAIN]
+    assert metrics["val_samples"] == VAL
     assert metrics["val_accuracy"] >= ACCURACY_FLOOR
 
 

@@ -70,7 +70,17 @@ def test_min_and_max_np_render_and_reach_horovodrun_with_our_discovery_script() 
             {"kubernetes": KubernetesOptions(slots_per_worker=2), "num_proc": 2},
             "multiple of slots_per_worker=2",
         ),
+        (
+            "kubernetes",
+            {"elastic": ElasticOptions(min_np=2, max_np=3, cooldown_s=(2, 4))},
+            r"cooldown_s=\.\.\.\): refused with an MPIJob",
+        ),
         ("local", {"local": LocalOptions(hosts="localhost:3")}, "on one host"),
+        (
+            "local",
+            {"elastic": ElasticOptions(min_np=2, max_np=3, cooldown_s=(2, 4))},
+            r"cooldown_s=\.\.\.\) needs ElasticOptions.hosts_file",
+        ),
         (
             "local",
             {"local": LocalOptions(hosts=HOSTS)},
@@ -96,6 +106,33 @@ def test_a_completed_elastic_training_is_this_tasks_at_any_world_size() -> None:
     assert task._differences({"world_size": 2}, 3) == []
     plain = HorovodTrainOperator(task_id="t", data="s3://b/d", output="s3://b/o", num_proc=3)
     assert plain._differences({"world_size": 2}, 3) != []
+
+
+def test_a_cooldown_lets_a_dropped_host_return_and_none_keeps_horovods_default(tmp_path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"{h}\n" for h in HOSTS))
+    elastic = ElasticOptions(min_np=2, max_np=3, cooldown_s=[5, 60], hosts_file=str(hosts))
+    task = op(elastic=elastic)  # cooldown_s as a list: as JSON gives it
+    launcher = task.make_launcher()
+    spec = task.build_spec(context())
+    launcher.check_elastic(spec)
+    argv = launcher.command(spec)
+    at = argv.index("--blacklist-cooldown-range")
+    assert argv[at + 1 : at + 3] == ["5", "60"]
+    plain = op()
+    assert "--blacklist-cooldown-range" not in plain.make_launcher().command(
+        plain.build_spec(context())
+    )
+
+
+@pytest.mark.parametrize("bad", [(0, 10), (10, 5), (1, 3601), (5,), (1.5, 9), (True, 9), "5,9"])
+def test_a_cooldown_outside_what_horovodrun_takes_is_refused_naming_the_bounds(bad) -> None:
+    with pytest.raises(ValueError) as refused:
+        ElasticOptions(min_np=2, max_np=3, cooldown_s=bad)
+    assert str(refused.value) == (
+        "ElasticOptions.cooldown_s must be (lower, upper) whole seconds with 1 ≤ lower ≤ upper "
+        f"≤ 3600 (horovodrun --blacklist-cooldown-range), got {bad!r}"
+    )
 
 
 def test_commit_every_is_one_declaration_for_cli_validation_and_the_form() -> None:

@@ -66,6 +66,17 @@ class KubernetesLauncher(Launcher):
                 "the discovery script elastic Horovod needs"
             )
         check_elastic_bounds(spec.elastic, spec.num_proc)
+        if spec.elastic.cooldown_s is not None:
+            raise HorovodConfigError(
+                "elastic=ElasticOptions(cooldown_s=...): refused with an MPIJob. The MPI "
+                "Operator re-makes a removed worker pod under its old name and lists it in "
+                "discover_hosts.sh once it is Running; with a cooldown horovodrun takes that "
+                "name back and starts a rank there. Measured in this project's "
+                "pods-as-containers harness (Horovod 0.28.1): that rank never reached the "
+                "rendezvous, the others gave up after Gloo's 30 s timeout and the whole job "
+                "failed, where without a cooldown it finished on the pods left. Leave "
+                "cooldown_s unset: a lost pod's ranks stay out until the job ends"
+            )
         slots = self.slots_per_worker
         if spec.elastic.max_np % slots or spec.elastic.max_np // slots < 2:
             raise HorovodConfigError(
