@@ -96,10 +96,18 @@ class TriggerForm:
 
 
 def login(driver: Any, stack: Stack) -> None:
+    from selenium.common.exceptions import NoSuchElementException
     from selenium.webdriver.common.by import By
 
     driver.get(stack.airflow_url + "/auth/login/")
-    driver.find_element(By.ID, "username").send_keys(stack.settings["AIRFLOW_ADMIN_USER"])
+    try:
+        user = driver.find_element(By.ID, "username")
+    except NoSuchElementException as e:  # say what the browser got instead of a login form
+        text = driver.find_element(By.TAG_NAME, "body").text[:600]
+        raise AssertionError(
+            f"no login form at {driver.current_url} (title {driver.title!r}): {text!r}"
+        ) from e
+    user.send_keys(stack.settings["AIRFLOW_ADMIN_USER"])
     driver.find_element(By.ID, "password").send_keys(stack.settings["AIRFLOW_ADMIN_PASSWORD"])
     driver.find_element(By.CSS_SELECTOR, "input[type=submit],button[type=submit]").click()
     deadline = time.monotonic() + 30
