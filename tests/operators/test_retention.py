@@ -22,7 +22,7 @@ from horovod_airflow.core import layout, storage
 from horovod_airflow.core.contract import GATE, METRICS
 from horovod_airflow.operators import retention
 from horovod_airflow.operators.exceptions import RetentionConflictError
-from horovod_airflow.operators.model_registry import read_latest, safe_key, write_latest
+from horovod_airflow.operators.model_registry import RunModel, read_latest, safe_key, write_latest
 from horovod_airflow.operators.staging import stage_dataset
 from tests.mnist_subset import write_subset
 from tests.operators.helpers import publish_centroid_model, publish_fake_model
@@ -451,10 +451,10 @@ def test_a_refused_candidate_and_the_dataset_it_names_are_kept(s3_server):
     gate = {"passed": False, "reason": "below the floor", "challenger_accuracy": 0.5,
             "min_accuracy": 0.9, "max_regression": 0.0}  # fmt: skip
     storage.write_text(f"{refused}/gate.json", GATE.dumps(gate), client=s3)
-    record_refused(bucket_uri=f"s3://{bucket}", model_name="mnist_cnn", version=V1,
-                   run_output=refused, onnx_uri=exported["onnx_uri"],
-                   parity_uri=exported["parity_uri"], gate=gate, dag_run_id="scheduled__refused",
-                   dataset={"uri": dataset, "content_hash": content_hash}, client=s3)  # fmt: skip
+    record_refused(f"s3://{bucket}", RunModel(
+        model_name="mnist_cnn", version=V1, run_output=refused, onnx_uri=exported["onnx_uri"],
+        parity_uri=exported["parity_uri"], gate=gate, dag_run_id="scheduled__refused",
+        dataset={"uri": dataset, "content_hash": content_hash}), client=s3)  # fmt: skip
     split = _split_phases()
     write_run(s3, run_prefix(bucket, "fake", "scheduled__newest"), gate=False)
     models_before = {k: v for k, v in keys(s3, bucket).items() if k.startswith("models/")}
