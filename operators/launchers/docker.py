@@ -51,6 +51,7 @@ DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
 SECRET_DIR = "/hva-secrets"
 SECRET_FILE = f"{SECRET_DIR}/rank.env"
 CLEANUP_POLICIES = ("delete", "keep", "delete_on_success")
+COPY_TRIES = 3  # copies of the credentials file into a created container, on engine errors
 #: ``create_container`` arguments the launcher owns: the job (image, command, name,
 #: environment with the credentials, labels that find the container again) and the ones an
 #: option below owns. Refused in ``DockerOptions.container_overrides``.
@@ -229,7 +230,12 @@ class DockerLauncher(Launcher):
         """A tar of :data:`SECRET_FILE` (``NAME='value'`` lines), for ``put_archive`` at ``/``.
         World-readable inside the container, because the launcher cannot know which uid the
         image runs as; nothing outside the container's processes sees its filesystem but the
-        engine's administrators, who see every container's environment too."""
+        engine's administrators, who see every container's environment too.
+
+        The tar ends at its two end-of-archive blocks, without the padding ``tarfile`` adds
+        to a whole 10 KiB record: podman's copier stops reading at those blocks, so padding
+        still being sent fails the copy now and then with a 500, "passing bulk input to
+        subprocess: write |1: broken pipe" (containers/buildah#6573; seen in our CI)."""
         import io
         import tarfile
         import time
@@ -243,7 +249,8 @@ class DockerLauncher(Launcher):
             info = tarfile.TarInfo(SECRET_FILE.lstrip("/"))
             info.size, info.mode, info.mtime = len(data), 0o444, int(time.time())
             tar.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
+        # close() has written the two zero blocks (offset counts them), then the padding.
+        return buf.getvalue()[: tar.offset]
 
     def create_kwargs(self, spec: JobSpec) -> dict[str, Any]:
         """``APIClient.create_container`` arguments (host config included); tests assert them."""
@@ -386,15 +393,47 @@ class DockerLauncher(Launcher):
             # Before it starts: a worker that dies from here on leaves a recorded container.
             self.journal.record(self.name, name=spec.name, id=cid)
             # The credentials, as a file, before the first process runs.
-            if spec.secret_env and not client.put_archive(
-                cid, "/", self.secret_archive(spec.secret_env)
-            ):
-                client.remove_container(cid, force=True)
-                raise HorovodLaunchError(
-                    f"the engine refused to copy the credentials file into {spec.name}"
-                )
+            if spec.secret_env:
+                self._copy_credentials(cid, spec, log)
             return cid, False
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _copy_credentials(self, cid: str, spec: JobSpec, log: Any) -> None:
+        """Copy :data:`SECRET_FILE` into the created (not yet started) container.
+
+        The copy writes the same file each time, so an engine's server error (5xx) is tried
+        again, up to :data:`COPY_TRIES` times; a refusal, or the last error, removes the
+        container and raises :class:`HorovodLaunchError` (a later try of the task starts
+        afresh). The engine's answer is about the archive, never its content."""
+        import time
+
+        from docker.errors import APIError
+
+        archive = self.secret_archive(spec.secret_env)
+        why = "the engine refused it"
+        for attempt in range(1, COPY_TRIES + 1):
+            try:
+                if self.client.put_archive(cid, "/", archive):
+                    return
+                break
+            except APIError as e:
+                why = f"{e}"
+                if not e.is_server_error() or attempt == COPY_TRIES:
+                    break
+                log.warning(
+                    "copying the credentials file into %s failed (%s): copying again "
+                    "(try %d of %d)",
+                    spec.name,
+                    e,
+                    attempt + 1,
+                    COPY_TRIES,
+                )
+                time.sleep(attempt)
+        self.client.remove_container(cid, force=True)
+        raise HorovodLaunchError(
+            f"cannot copy the credentials file into {spec.name} ({why}); the container was "
+            f"removed before it started"
+        )
 
     def _state(self, name: str) -> dict[str, Any] | None:
         """Id, running, status and labels of the container ``name``; None if there is none."""

@@ -122,10 +122,19 @@ class FakeDockerClient:
         raise NotFound(f"No such container: {name_or_id}")
 
     archives: list[tuple[str, bytes]]  # what put_archive received: (path, tar bytes)
+    archive_errors: list[int]  # HTTP statuses the next put_archive calls fail with, in turn
 
     def put_archive(self, cid: str, path: str, data: bytes) -> bool:
+        from docker.errors import APIError
+
         self.calls.append(("put_archive", path))
         self.archives = [*getattr(self, "archives", []), (path, data)]
+        if errors := getattr(self, "archive_errors", []):
+            status, self.archive_errors = errors[0], errors[1:]
+            raise APIError(
+                "passing bulk input to subprocess: write |1: broken pipe",
+                response=mock.Mock(status_code=status),
+            )
         return True
 
     def attach(self, cid: str, **kwargs: Any):

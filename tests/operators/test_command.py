@@ -303,6 +303,18 @@ def test_the_docker_launchers_credentials_file_reaches_the_program(tmp_path: Pat
     assert out.stdout.strip() == "s3cr'et $x"
 
 
+def test_the_credentials_archive_ends_at_its_end_of_archive_blocks() -> None:
+    """No record padding after the two zero blocks: podman's copier stops reading there, and
+    padding still being written fails the copy with a broken pipe (containers/buildah#6573)."""
+    from horovod_airflow.operators.launchers.docker import DockerLauncher
+
+    archive = DockerLauncher.secret_archive({"AWS_SECRET_ACCESS_KEY": "x" * 700})
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        last = tar.getmembers()[-1]
+        end_of_data = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    assert archive[end_of_data:] == bytes(2 * tarfile.BLOCKSIZE)
+
+
 def test_redact():
     assert redact("key=abcd1234 and abcd1234", ["abcd1234", ""]) == "key=*** and ***"
 

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from horovod_airflow.operators import (
+    HorovodLaunchError,
     HorovodRefusedError,
     HorovodTimeoutError,
     HorovodTrainingError,
@@ -399,6 +400,33 @@ def test_a_retry_reattaches_to_a_running_container_and_replaces_an_exited_one(
             "try_number": "2",
             "horovod-airflow/job": "hvd-train-1234",
         }
+
+
+@pytest.mark.parametrize(
+    ("errors", "copies", "fails"),
+    [([500], 2, False), ([500, 502, 500], 3, True), ([404], 1, True)],
+    ids=["one engine error: copied again", "three: the try fails", "a client error: no copy again"],
+)
+def test_a_failed_copy_of_the_credentials_file_is_tried_again_only_on_engine_errors(
+    errors, copies, fails
+):
+    client = FakeDockerClient([b"[0]<stdout>:epoch 1\n"], {"StatusCode": 0})
+    client.archive_errors = errors
+    log = LineLog()
+    with mock.patch("time.sleep"):
+        if fails:
+            with pytest.raises(HorovodLaunchError, match="cannot copy the credentials file"):
+                launcher(client).run(spec(), log)
+        else:
+            assert launcher(client).run(spec(), log).exit_code == 0
+    names = [c[0] for c in client.calls]
+    assert names.count("put_archive") == copies
+    assert len({data for _, data in client.archives}) == 1  # the same file each time
+    if fails:  # removed before it ever started
+        assert "start" not in names and ("remove", True) in client.calls
+    else:
+        assert names.index("start") > max(i for i, n in enumerate(names) if n == "put_archive")
+    assert SECRET not in "\n".join(log.lines)
 
 
 def test_progress_events_reach_the_task_log_and_the_task_state_store():
