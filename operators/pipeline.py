@@ -90,6 +90,10 @@ class ModelApp:
     :param data_checks: what staging checks against the previous staged dataset of the name
         (``StageDatasetOperator(checks=)``); None: the deployment's thresholds
         (``settings.DATA_CHECKS``, ``HVA_DATA_*``).
+    :param image: the image its train and export run in with the docker and kubernetes
+        launchers: one that holds its programs, usually built ``FROM`` the project's trainer
+        image (see ``examples/waveforms/Dockerfile``); None: the deployment's trainer image
+        (``HVA_TRAINER_IMAGE``), which holds the project's own trainer only.
     """
 
     model_name: str
@@ -103,12 +107,18 @@ class ModelApp:
     champion_scorer: str | None = None
     data_checks: DataChecks | None = None
     serving_check: str | None = None
+    image: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_name", "dataset_name", "dataset_source"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"ModelApp.{name} must be a non-empty string, got {value!r}")
+        if self.image is not None and (not isinstance(self.image, str) or not self.image.strip()):
+            raise ValueError(
+                f"ModelApp.image must be an image name, or None for the deployment's trainer "
+                f"image; got {self.image!r}"
+            )
         if self.dataset_files is not None and (
             isinstance(self.dataset_files, str) or not self.dataset_files
         ):
@@ -154,7 +164,8 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
 
     Train and export run through the launcher the trigger form picks (``params.launcher``)
     with the ranks it asks for (``params.num_proc``) and the deployment's job settings
-    (``settings.TRAINER_JOB``: connections, image, GPUs, docker network, timeout), the gate
+    (``settings.TRAINER_JOB``: connections, image, GPUs, docker network, timeout; the app's
+    ``image`` instead of the deployment's where it names one), the gate
     with the form's thresholds inside the deployment's floors; see ``retraining_params``.
     """
     stage = StageDatasetOperator(
@@ -173,6 +184,8 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
     # writers) each share, written once so that the two of a pair cannot drift apart.
     launched: dict[str, Any] = dict(launcher="{{ params.launcher }}", data=_STAGED)
     launched.update(settings.TRAINER_JOB)
+    if app.image is not None:
+        launched["image"] = app.image
     registry: dict[str, Any] = dict(
         bucket_uri=settings.BUCKET_URI,
         model_name=app.model_name,

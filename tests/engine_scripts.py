@@ -71,8 +71,9 @@ def podman_cli_env() -> dict[str, str]:
 
 
 def build_stack_images(state: Path) -> dict[str, str]:
-    """Build (or find current) the stand-ins and the Airflow and trainer images; return their
-    names as the engine lists them, by role (``trainer``, ``airflow``). ``state`` is the
+    """Build (or find current) the stand-ins, the Airflow and trainer images and the waveforms
+    app's image; return their names as the engine lists them, by role (``trainer``,
+    ``airflow``; ``*_inputs``: the content-addressed tags). ``state`` is the
     script's state folder: the settings file it writes there names the images."""
     run_script(
         readme.command("scripts/engines/compose_stack.sh images"),
@@ -97,4 +98,5 @@ def build_stack_images(state: Path) -> dict[str, str]:
         "airflow": engine_name(settings["HVA_AIRFLOW_IMAGE"]),
         "trainer_inputs": tags["trainer"],
         "airflow_inputs": tags["airflow"],
+        "waveforms_inputs": engine_name(tags["waveforms"]),  # the example app's image
     }

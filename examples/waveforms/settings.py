@@ -8,6 +8,7 @@ example publishes
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,9 @@ EXPORT_ENTRYPOINT = ("python", "-m", "examples.waveforms.export")
 CHAMPION_SCORER = "examples.waveforms.serving:score_published_model"
 #: What waveforms_serve_latest_model runs on an announced version (its form's params as keywords).
 SERVING_CHECK = "examples.waveforms.serving:serving_check"
+#: The image train and export run in with the docker and kubernetes launchers: this folder's
+#: ``Dockerfile``, built ``FROM`` the project's trainer image (``HVA_WAVEFORMS_IMAGE``).
+IMAGE = os.environ.get("HVA_WAVEFORMS_IMAGE", "horovod-airflow/waveforms:latest")
 
 #: The model as an app of the retraining pipeline (horovod_airflow.operators.pipeline).
 WAVEFORMS = ModelApp(
@@ -49,6 +53,7 @@ WAVEFORMS = ModelApp(
     champion_scorer=CHAMPION_SCORER,
     data_checks=DATA_CHECKS,
     serving_check=SERVING_CHECK,
+    image=IMAGE,
 )
 #: The serving pointer publish writes last, and its Asset (waveforms_serve_latest_model's schedule).
 LATEST_MODEL_URI = WAVEFORMS.latest_uri

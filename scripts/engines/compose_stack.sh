@@ -3,8 +3,9 @@
 # no GPU and no access to image registries:
 #
 #   scripts/engines/compose_stack.sh images   # stand-ins for the registry base images, then the
-#                                             # trainer and Airflow images (each cached by a hash
-#                                             # of its inputs: built once per machine)
+#                                             # trainer and Airflow images and the waveforms app's
+#                                             # image on the trainer's (each cached by a hash of
+#                                             # its inputs: built once per machine)
 #   scripts/engines/compose_stack.sh up       # start the stack in dependency order, waiting for
 #                                             # each health check and one-shot job
 #   scripts/engines/compose_stack.sh smoke    # trigger mnist_horovod_retrain through the REST API
@@ -209,16 +210,30 @@ build_standin() {
   echo "standin-$recipe $((SECONDS - start))" >>"$state/build-times.txt"
 }
 
-# A project image: docker/<what>.Dockerfile, unchanged, tagged NAME and NAME-repo:inputs-<hash>.
-build_project_image() {
-  local what=$1 name=$2 dockerfile="docker/$1.Dockerfile"
-  local ignore="$dockerfile.dockerignore" from_ids="" f paths hash repo tag args=()
-  for f in $(awk '/^FROM /{print $2}' "$dockerfile"); do from_ids+="$f=$(image_id "$f") "; done
-  # The build context is what the .dockerignore lets through (its `!path` lines).
-  paths=$(sed -n 's/^!//p' "$ignore")
+# A project image: DOCKERFILE (default docker/<what>.Dockerfile), unchanged, tagged NAME and
+# NAME-repo:inputs-<hash>; BUILD_ARGS (NAME=VALUE) are passed as --build-arg. A base named
+# by a build argument (FROM ${ARG}) counts by the id of the image that argument names. Sets
+# built_tag to the content-addressed tag.
+build_project_image() { # WHAT NAME [DOCKERFILE [BUILD_ARG...]]
+  local what=$1 name=$2 dockerfile=${3:-docker/$1.Dockerfile}
+  local ignore="$dockerfile.dockerignore" from_ids="" f a base paths hash repo tag args=()
+  shift $(($# < 3 ? $# : 3))
+  for a in "$@"; do args+=(--build-arg "$a"); done
   if [ "$what" = trainer ]; then
     args=(--build-arg "HOROVOD_BUILD_CUDA_CC_LIST=$(setting HOROVOD_BUILD_CUDA_CC_LIST)")
   fi
+  for f in $(awk '/^FROM /{print $2}' "$dockerfile"); do
+    base=$f
+    if [[ $f =~ ^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$ ]]; then
+      base=""
+      for a in "$@"; do [ "${a%%=*}" = "${BASH_REMATCH[1]}" ] && base=${a#*=}; done
+      [ -n "$base" ] || die "$dockerfile: FROM $f needs the build argument ${BASH_REMATCH[1]}"
+      [ -n "$(image_id "$base")" ] || die "$dockerfile: its base $base is not on the engine"
+    fi
+    from_ids+="$f=$(image_id "$base") "
+  done
+  # The build context is what the .dockerignore lets through (its `!path` lines).
+  paths=$(sed -n 's/^!//p' "$ignore")
   # shellcheck disable=SC2086
   hash=$(hash_inputs "$root" "$from_ids" "${args[*]:-}" -- "$dockerfile" "$ignore" $paths)
   repo=${name%:*}
@@ -226,6 +241,7 @@ build_project_image() {
   # The content-addressed tag, for a stack that must run exactly these inputs: NAME itself is
   # moved by whichever checkout on this engine built last.
   echo "$what=$tag" >>"$state/image-tags.txt"
+  built_tag=$tag
   if [ "${HVA_STACK_REBUILD:-0}" != 1 ] && [ -n "$(image_id "$tag")" ]; then
     podman_ tag "$tag" "$name"
     log "$what image is current: $name ($tag)"
@@ -249,8 +265,17 @@ cmd_images() {
   for recipe in "${standin_recipes[@]}"; do build_standin "$recipe"; done
   build_project_image airflow "$(setting HVA_AIRFLOW_IMAGE)"
   build_project_image trainer "$(setting HVA_TRAINER_IMAGE)"
+  # The example app's image, on exactly the trainer image just built or found (its tag of
+  # these inputs), named like the trainer image: horovod-airflow-waveforms:<its tag> (a stack
+  # given a content tag as its trainer image gets :latest beside the app's own content tag).
+  local trainer_name app_tag
+  trainer_name=$(setting HVA_TRAINER_IMAGE)
+  app_tag=${trainer_name##*:}
+  [[ $app_tag == inputs-* ]] && app_tag=latest
+  build_project_image waveforms "horovod-airflow-waveforms:$app_tag" \
+    examples/waveforms/Dockerfile "TRAINER_IMAGE=$built_tag"
   podman_ images --format '{{.Repository}}:{{.Tag}} {{.Size}}' |
-    grep -E "$(setting HVA_AIRFLOW_IMAGE)|$(setting HVA_TRAINER_IMAGE)" >&2 || true
+    grep -E "$(setting HVA_AIRFLOW_IMAGE)|$trainer_name|horovod-airflow-waveforms" >&2 || true
 }
 
 # --- up / down ----------------------------------------------------------------------------------

@@ -192,9 +192,9 @@ PIPELINE_TASKS = {
 }  # fmt: skip
 #: What the deployment sets for every model's jobs and gate: none of it may differ per app.
 SHARED = {
-    "train": ("image", "gpus_per_proc", "aws_conn_id", "rank_aws_conn_id", "execution_timeout",
+    "train": ("gpus_per_proc", "aws_conn_id", "rank_aws_conn_id", "execution_timeout",
               "launcher_options", "launcher", "num_proc", "output_uri"),
-    "export_onnx": ("image", "gpus_per_proc", "aws_conn_id", "rank_aws_conn_id",
+    "export_onnx": ("gpus_per_proc", "aws_conn_id", "rank_aws_conn_id",
                     "execution_timeout", "launcher_options", "launcher", "output_uri"),
     "gate": ("min_accuracy_floor", "max_regression_ceiling", "on_refused", "stale_after_runs",
              "stale_after_days", "aws_conn_id", "bucket_uri"),
@@ -206,9 +206,9 @@ SHARED = {
 
 def test_both_retrain_dags_are_the_one_pipeline():
     """MNIST and the waveforms app get the same six tasks, chained the same way, with the same
-    deployment settings — the docker launcher's network, image and GPUs included (the copy
-    that once ran waveforms' docker jobs without them is gone) — and differ only in what the
-    app declares: its model, dataset and programs."""
+    deployment settings — the docker launcher's network and GPUs included (the copy that
+    once ran waveforms' docker jobs without them is gone) — and differ only in what the app
+    declares: its model, dataset, programs and the image that holds them."""
     mnist, waveforms = _load_dag(RETRAIN_DAG), _load_dag(WAVEFORMS_DAG)
     order = list(PIPELINE_TASKS)[:-1]  # ... export_onnx >> [publish, record_refused]
     for dag in (mnist, waveforms):
@@ -232,6 +232,12 @@ def test_both_retrain_dags_are_the_one_pipeline():
     # What the apps declare does differ.
     assert mnist.task_dict["gate"].model_name != waveforms.task_dict["gate"].model_name
     assert mnist.task_dict["train"].entrypoint != waveforms.task_dict["train"].entrypoint
+    from examples.waveforms.settings import IMAGE
+    from horovod_airflow.operators.settings import TRAINER_IMAGE
+
+    for task_id in ("train", "export_onnx"):  # MNIST: the deployment's; waveforms: its own
+        assert mnist.task_dict[task_id].image == TRAINER_IMAGE
+        assert waveforms.task_dict[task_id].image == IMAGE != TRAINER_IMAGE
     outlets = [d.task_dict["publish"].outlets[0].uri for d in (mnist, waveforms)]
     assert outlets[0].endswith("/models/mnist_cnn/latest.json")
     assert outlets[1].endswith("/models/waveform_cnn/latest.json")

@@ -219,6 +219,46 @@ def test_example_publishes_next_to_mnist_without_touching_it(s3_server, airflow_
     assert _get(client, bucket, "models/mnist_cnn/latest.json") == mnist_latest_bytes
 
 
+@pytest.mark.slow
+@pytest.mark.engine
+def test_the_example_trains_and_exports_in_its_app_image_with_the_docker_launcher(
+    s3_server, airflow_db, bundles, stack_images, monkeypatch, capfd
+):
+    """The trigger form's ``launcher=docker``: train and export run in the app's own image
+    (``examples/waveforms/Dockerfile``, built on the project's trainer image), which holds its
+    programs, on the real engine (podman's Docker API), as the ranks' own identity; the run
+    publishes as it does with the local launcher."""
+    from airflow.sdk import DagRunState
+
+    from tests.engine_scripts import podman_cli_env
+
+    image = stack_images["waveforms_inputs"]
+    monkeypatch.setenv("DOCKER_HOST", podman_cli_env()["DOCKER_HOST"])
+    monkeypatch.setenv("HVA_WAVEFORMS_IMAGE", image)
+    monkeypatch.setenv("HVA_DOCKER_NETWORK", "host")  # the S3 server is on the host's loopback
+    monkeypatch.setenv("HVA_RANK_AWS_CONN_ID", "hva_ranks")
+    client = s3_server.client()
+    bucket = s3_server.new_bucket("wave-docker", ranks=True)
+    dag = _deploy(bucket, "examples.waveforms.dags.waveforms_retrain").retrain_dag
+    assert dag.get_task("train").image == dag.get_task("export_onnx").image == image
+
+    run = dag.test(run_conf={**EXAMPLE_RUN, "launcher": "docker"})
+    states = _states(run)
+    assert run.state == DagRunState.SUCCESS, states
+    assert states == PUBLISHED_RUN, states
+    log = capfd.readouterr().out
+    assert "launching 2 ranks with docker" in log and "exporting with docker" in log
+    assert log.count(f"from {image}") == 2, log[-3000:]  # each created from the app's image
+    latest = _check_published(client, bucket, "waveform_cnn")
+    prefix = f"models/waveform_cnn/{latest['version']}"
+    metrics = contract.METRICS.loads(_get(client, bucket, f"{prefix}/metrics.json"), "metrics")
+    assert metrics["world_size"] == 2 and metrics["val_samples"] == 400
+    parity = contract.PARITY.loads(_get(client, bucket, f"{prefix}/parity.json"), "parity")
+    assert parity["passed"] is True
+    for secret in (s3_server.env["AWS_SECRET_ACCESS_KEY"], s3_server.ranks.secret_key):
+        assert secret not in log
+
+
 def test_example_dags_parse_without_heavy_modules(airflow_db):
     code = (
         "import sys, json\n"

@@ -24,6 +24,7 @@ APP = ModelApp(model_name="m", dataset_name="d", dataset_source="/data/d", datas
         ({"dataset_source": "  "}, "ModelApp.dataset_source must be a non-empty string"),
         ({"dataset_files": "*.npy"}, "ModelApp.dataset_files must be a non-empty list"),
         ({"dataset_files": []}, "ModelApp.dataset_files must be a non-empty list"),
+        ({"image": " "}, "ModelApp.image must be an image name, or None"),
     ],
 )
 def test_an_app_with_a_bad_field_is_refused_naming_it(fields, message):

@@ -23,8 +23,9 @@ The six tasks, their settings and alerts are the pipeline's
 (`horovod_airflow.operators.pipeline.retraining_pipeline`), exactly as for MNIST; this model's
 part is `examples.waveforms.settings.WAVEFORMS` (a `ModelApp`). The ranks import
 `examples.waveforms`: with `launcher=local` the repository root must be on the worker's
-`PYTHONPATH`; the docker and kubernetes launchers need an image that holds it (the project's
-trainer image holds `core/` and `trainer/` only).
+`PYTHONPATH`; the docker and kubernetes launchers run the app's image (`HVA_WAVEFORMS_IMAGE`,
+built by `examples/waveforms/Dockerfile` on the project's trainer image, which holds `core/`
+and `trainer/` only).
 """
 
 from __future__ import annotations
