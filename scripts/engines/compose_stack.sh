@@ -226,7 +226,9 @@ build_project_image() { # WHAT NAME [DOCKERFILE [BUILD_ARG...]]
     base=$f
     if [[ $f =~ ^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$ ]]; then
       base=""
-      for a in "$@"; do [ "${a%%=*}" = "${BASH_REMATCH[1]}" ] && base=${a#*=}; done
+      for a in "$@"; do
+        if [ "${a%%=*}" = "${BASH_REMATCH[1]}" ]; then base=${a#*=}; fi
+      done
       [ -n "$base" ] || die "$dockerfile: FROM $f needs the build argument ${BASH_REMATCH[1]}"
       [ -n "$(image_id "$base")" ] || die "$dockerfile: its base $base is not on the engine"
     fi
