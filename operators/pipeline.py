@@ -36,11 +36,14 @@ from typing import Any, NamedTuple
 from airflow.sdk import Asset, Param, get_current_context, task
 
 from horovod_airflow.core.layout import RUNS_DIR
+from horovod_airflow.core.train_config import param_schema
 from horovod_airflow.operators import settings
 from horovod_airflow.operators.data_checks import DataChecks
 from horovod_airflow.operators.export import HorovodExportOperator
 from horovod_airflow.operators.gate import ModelGateOperator
 from horovod_airflow.operators.import_path import check_import_path, import_callable
+from horovod_airflow.operators.job import HorovodJobSettings
+from horovod_airflow.operators.launchers.local_options import ElasticOptions
 from horovod_airflow.operators.model_registry import (
     latest_asset_name,
     latest_uri,
@@ -152,7 +155,16 @@ class RetrainingTasks(NamedTuple):
     record_refused: RecordRefusedOperator
 
 
-def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
+#: The form's field of an elastic pipeline: the trainer's ``--elastic-commit-every``.
+ELASTIC_COMMIT_PARAM = "elastic_commit_every"
+
+
+def retraining_pipeline(
+    app: ModelApp,
+    *,
+    job: HorovodJobSettings | None = None,
+    elastic: ElasticOptions | None = None,
+) -> RetrainingTasks:
     """Create the six tasks of ``app``'s retraining in the DAG being defined, chained.
 
     ``stage → train → gate → export_onnx → publish | record_refused``: a gate that passes lets
@@ -167,7 +179,23 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
     (``settings.TRAINER_JOB``: connections, image, GPUs, docker network, timeout; the app's
     ``image`` instead of the deployment's where it names one), the gate
     with the form's thresholds inside the deployment's floors; see ``retraining_params``.
+
+    :param job: this DAG's own job settings (:class:`HorovodJobSettings`), over the
+        deployment's and the app's image: e.g. ``local=LocalOptions(hosts=[...])`` to train on
+        several hosts, ``kubernetes=KubernetesOptions(...)``.
+    :param elastic: train elastic (``HorovodTrainOperator(elastic=)``; the export is not): on a
+        launcher and topology that can (several hosts, an MPIJob; docs/elastic.md), with a
+        training program that takes ``--elastic`` (the project's trainer does). The form must
+        then have ``retraining_params(elastic=True)``'s ``elastic_commit_every``, passed to
+        the trainer; a form with it and no ``elastic`` is refused too, as a field that would
+        do nothing.
     """
+    unknown = sorted(set(job or {}) - set(HorovodJobSettings.__annotations__))
+    if unknown:
+        raise ValueError(
+            f"retraining_pipeline(job=): {', '.join(unknown)} is not a job setting; allowed: "
+            f"{', '.join(HorovodJobSettings.__annotations__)}"
+        )
     stage = StageDatasetOperator(
         task_id="stage_dataset",
         source=app.dataset_source,
@@ -186,20 +214,35 @@ def retraining_pipeline(app: ModelApp) -> RetrainingTasks:
     launched.update(settings.TRAINER_JOB)
     if app.image is not None:
         launched["image"] = app.image
+    launched.update(job or {})
     registry: dict[str, Any] = dict(
         bucket_uri=settings.BUCKET_URI,
         model_name=app.model_name,
         dataset=stage.output,
         aws_conn_id=settings.AWS_CONN_ID,
     )
+    trainer_args = dict(app.trainer_args)
+    if elastic is not None:
+        trainer_args[ELASTIC_COMMIT_PARAM] = "{{ params." + ELASTIC_COMMIT_PARAM + " }}"
     train = HorovodTrainOperator(
         task_id="train",
         num_proc="{{ params.num_proc }}",
         output=run_prefix(),
-        trainer_args=dict(app.trainer_args),
+        trainer_args=trainer_args,
+        elastic=elastic,
         **_entrypoint(app.train_entrypoint),
         **launched,
     )
+    asks = train.has_dag() and ELASTIC_COMMIT_PARAM in train.dag.params
+    if (elastic is not None) != asks:
+        raise ValueError(
+            "retraining_pipeline(elastic=...) and retraining_params(elastic=True) go together: "
+            + (
+                "the form has no elastic_commit_every for the elastic training"
+                if elastic is not None
+                else "the form's elastic_commit_every would do nothing without elastic="
+            )
+        )
     gate = ModelGateOperator(
         task_id="gate",
         metrics=train.output,
@@ -240,12 +283,15 @@ def retraining_params(
     max_num_proc: int = 512,
     min_accuracy: float = 0.98,
     max_regression: float = 0.005,
+    elastic: bool = False,
     **app_params: Param,
 ) -> dict[str, Param]:
     """The trigger form every retraining DAG has — ranks, launcher and the gate's thresholds
     (bounded by the deployment's floors) — then the app's own Params (``app_params``, e.g. its
     training options) after them. ``num_proc``'s default is the deployment's
-    (``HVA_NUM_PROC``)."""
+    (``HVA_NUM_PROC``). ``elastic=True``, for ``retraining_pipeline(elastic=...)``: also
+    ``elastic_commit_every``, with the bounds, title and help the trainer declares (empty: its
+    default)."""
     common = {
         "num_proc": Param(settings.DEFAULT_NUM_PROC if num_proc is None else num_proc,
                           type="integer", minimum=1, maximum=max_num_proc,
@@ -257,6 +303,10 @@ def retraining_params(
                           description="Where ranks run: local horovodrun, one GPU container, "
                                       "or a Kubeflow MPIJob."),
     }  # fmt: skip
+    if elastic:
+        common[ELASTIC_COMMIT_PARAM] = Param(
+            None, **param_schema(ELASTIC_COMMIT_PARAM, nullable=True)
+        )
     clash = common.keys() & app_params.keys()
     if clash:
         raise ValueError(

@@ -6,6 +6,7 @@ import pytest
 from airflow.sdk import DAG, Param
 
 from horovod_airflow.operators import settings
+from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
 from horovod_airflow.operators.pipeline import (
     ModelApp,
     retraining_dag_args,
@@ -13,6 +14,7 @@ from horovod_airflow.operators.pipeline import (
     retraining_pipeline,
     run_prefix,
 )
+from tests.operators.helpers import context
 
 APP = ModelApp(model_name="m", dataset_name="d", dataset_source="/data/d", dataset_files=["*.npy"])
 
@@ -68,3 +70,93 @@ def test_the_pipeline_builds_the_apps_tasks_in_the_dag_being_defined():
     assert tasks.export_onnx.output_uri == run_prefix() + "/onnx"
     assert tasks.gate.model_name == "m" and tasks.gate.champion_scorer is None
     assert [o.uri for o in tasks.publish.outlets] == [f"{settings.BUCKET_URI}/models/m/latest.json"]
+
+
+class _StagedTI:
+    """The task instance a rendering train task sees: try 1, and stage_dataset's XCom."""
+
+    try_number = 1
+
+    def xcom_pull(self, task_ids: str) -> dict[str, str]:
+        assert task_ids == "stage_dataset"
+        return {"uri": "s3://b/datasets/d/0123456789abcdef"}
+
+
+def _elastic_dag(form_elastic: bool = True, elastic: ElasticOptions | None = None):
+    with DAG(
+        "elastic_app_dag",
+        schedule=None,
+        params=retraining_params(elastic=form_elastic),
+        **retraining_dag_args(),
+    ) as dag:
+        tasks = retraining_pipeline(
+            APP,
+            job={
+                "local": LocalOptions(hosts=HOSTS, network_interface="eth9"),
+                "aws_conn_id": None,  # no connection to read while rendering here
+            },
+            elastic=elastic,
+        )
+    return dag, tasks
+
+
+HOSTS = ["10.9.0.1:1", "10.9.0.2:1", "10.9.0.3:1"]
+
+
+def test_an_elastic_pipeline_asks_the_commit_interval_on_its_form_and_trains_elastic():
+    """The form's field is the trainer's own declaration (bounds, title, help); the value a run
+    gives reaches the trainer's command line, and an empty one leaves the trainer's default."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from horovod_airflow.core.train_config import param_schema
+
+    dag, tasks = _elastic_dag(elastic=ElasticOptions(min_np=2, max_np="{{ params.num_proc }}"))
+    field = dag.params.get_param("elastic_commit_every")
+    declared = param_schema("elastic_commit_every", nullable=True)
+    assert field.description == declared.pop("description")  # Param keeps it beside the schema
+    assert field.schema == declared
+    assert field.resolve(None) is None and field.resolve(7) == 7
+    with pytest.raises(ParamValidationError):
+        field.resolve(0)
+    assert tasks.train.elastic is not None and not hasattr(tasks.export_onnx, "elastic")
+    for task in (tasks.train, tasks.export_onnx):  # the DAG's job settings reach both
+        assert task.options("local").hosts == HOSTS and task.aws_conn_id is None
+
+    for given, expected in ((7, ["--elastic-commit-every", "7"]), (None, [])):
+        train = retraining_pipeline_copy(tasks.train)
+        ctx = {**context(), "ti": _StagedTI(), "dag": dag, "params": {
+            **{k: dag.params[k] for k in dag.params}, "num_proc": 3, "launcher": "local",
+            "elastic_commit_every": given}}  # fmt: skip
+        train.render_template_fields(ctx)
+        spec = train.build_spec(ctx)
+        assert spec.elastic is not None and (spec.elastic.min_np, spec.elastic.max_np) == (2, 3)
+        assert "--elastic" in spec.argv
+        at = [i for i, a in enumerate(spec.argv) if a == "--elastic-commit-every"]
+        assert [spec.argv[j] for i in at for j in (i, i + 1)] == expected, spec.argv
+
+
+def retraining_pipeline_copy(task):
+    """A fresh copy of ``task`` to render (rendering replaces its templated fields)."""
+    import copy
+
+    return copy.deepcopy(task)
+
+
+@pytest.mark.parametrize(
+    ("form_elastic", "elastic", "message"),
+    [
+        (False, ElasticOptions(min_np=2, max_np=3), "the form has no elastic_commit_every"),
+        (True, None, "elastic_commit_every would do nothing without elastic="),
+    ],
+)
+def test_elastic_training_and_its_form_field_go_together(form_elastic, elastic, message):
+    with pytest.raises(ValueError, match=message):
+        _elastic_dag(form_elastic, elastic)
+
+
+def test_a_job_setting_the_pipeline_does_not_know_is_refused_naming_the_allowed():
+    with (
+        pytest.raises(ValueError, match=r"num_procs is not a job setting; allowed: .*local"),
+        DAG("bad_job", schedule=None, params=retraining_params(), **retraining_dag_args()),
+    ):
+        retraining_pipeline(APP, job={"num_procs": 3})  # type: ignore[typeddict-unknown-key]
