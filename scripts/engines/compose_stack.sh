@@ -220,7 +220,7 @@ build_project_image() { # WHAT NAME [DOCKERFILE [BUILD_ARG...]]
   shift $(($# < 3 ? $# : 3))
   for a in "$@"; do args+=(--build-arg "$a"); done
   if [ "$what" = trainer ]; then
-    args=(--build-arg "HOROVOD_BUILD_CUDA_CC_LIST=$(setting HOROVOD_BUILD_CUDA_CC_LIST)")
+    args+=(--build-arg "HOROVOD_BUILD_CUDA_CC_LIST=$(setting HOROVOD_BUILD_CUDA_CC_LIST)")
   fi
   for f in $(awk '/^FROM /{print $2}' "$dockerfile"); do
     base=$f

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from airflow.sdk import DAG, Param
 
@@ -72,6 +74,9 @@ def test_the_pipeline_builds_the_apps_tasks_in_the_dag_being_defined():
     assert [o.uri for o in tasks.publish.outlets] == [f"{settings.BUCKET_URI}/models/m/latest.json"]
 
 
+HOSTS = ["10.9.0.1:1", "10.9.0.2:1", "10.9.0.3:1"]
+
+
 class _StagedTI:
     """The task instance a rendering train task sees: try 1, and stage_dataset's XCom."""
 
@@ -100,9 +105,6 @@ def _elastic_dag(form_elastic: bool = True, elastic: ElasticOptions | None = Non
     return dag, tasks
 
 
-HOSTS = ["10.9.0.1:1", "10.9.0.2:1", "10.9.0.3:1"]
-
-
 def test_an_elastic_pipeline_asks_the_commit_interval_on_its_form_and_trains_elastic():
     """The form's field is the trainer's own declaration (bounds, title, help); the value a run
     gives reaches the trainer's command line, and an empty one leaves the trainer's default."""
@@ -123,7 +125,7 @@ def test_an_elastic_pipeline_asks_the_commit_interval_on_its_form_and_trains_ela
         assert task.options("local").hosts == HOSTS and task.aws_conn_id is None
 
     for given, expected in ((7, ["--elastic-commit-every", "7"]), (None, [])):
-        train = retraining_pipeline_copy(tasks.train)
+        train = copy.deepcopy(tasks.train)  # rendering replaces its templated fields
         ctx = {**context(), "ti": _StagedTI(), "dag": dag, "params": {
             **{k: dag.params[k] for k in dag.params}, "num_proc": 3, "launcher": "local",
             "elastic_commit_every": given}}  # fmt: skip
@@ -133,13 +135,6 @@ def test_an_elastic_pipeline_asks_the_commit_interval_on_its_form_and_trains_ela
         assert "--elastic" in spec.argv
         at = [i for i, a in enumerate(spec.argv) if a == "--elastic-commit-every"]
         assert [spec.argv[j] for i in at for j in (i, i + 1)] == expected, spec.argv
-
-
-def retraining_pipeline_copy(task):
-    """A fresh copy of ``task`` to render (rendering replaces its templated fields)."""
-    import copy
-
-    return copy.deepcopy(task)
 
 
 @pytest.mark.parametrize(
