@@ -16,15 +16,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from scripts.devstack import S3Server
 from tests.conftest import MNIST_DIR, REPO, VENV_BIN
 from tests.engine_scripts import run_script
+from tests.engines.conftest import s3_server_on
 from tests.mnist_subset import write_subset
 from tests.trainer.conftest import stage_local
 
@@ -51,6 +53,7 @@ class ElasticHosts:
     key: str
     interface: str
     dataset: Path
+    bridge_ip: str  # the root namespace's address on the hosts' bridge
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,7 @@ def elastic_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ElasticH
             settings["HVA_NETNS_SSH_KEY"],
             settings["HVA_NETNS_IFACE"],
             dataset,
+            settings["HVA_NETNS_BRIDGE_IP"],
         )
     finally:
         if os.geteuid() == 0:
@@ -346,34 +350,163 @@ def _elastic_task(
     return op, ids
 
 
-def _kill_e3_after_20_steps(ids: Path, running: Any) -> None:
-    deadline = time.monotonic() + 180
-    victim = None
-    while victim is None and time.monotonic() < deadline and running.thread.is_alive():
+def _kill_e3_after_20_steps(ids: Path, running: Callable[[], bool], why: Any = None) -> int:
+    """kill -9 of e3's rank once it logged 20 steps (while ``running()``); its pid."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and running():
         for f in ids.glob("sample-ids-e3-*.jsonl") if ids.is_dir() else []:
             if len(f.read_text().splitlines()) >= 20:
                 victim = int(f.stem.split("-")[3])
+                os.kill(victim, signal.SIGKILL)
+                return victim
         time.sleep(0.05)
-    assert victim is not None, running.error
-    os.kill(victim, signal.SIGKILL)
+    raise AssertionError(f"e3's rank never logged 20 steps: {why() if why else ''}")
 
 
-def test_through_the_operator_a_killed_rank_leaves_the_task_succeeding_on_try_1(
-    elastic_hosts: ElasticHosts, tmp_path: Path
+@pytest.fixture(scope="module")
+def elastic_s3(elastic_hosts: ElasticHosts) -> Iterator[S3Server]:
+    """SeaweedFS on the e-hosts' bridge address (each namespace has its own loopback), as the
+    Airflow connections ``aws_elastic`` (the worker) and ``aws_elastic_ranks`` (the ranks)."""
+    with s3_server_on(elastic_hosts.bridge_ip, "aws_elastic", "elastic") as srv:
+        yield srv
+
+
+ELASTIC_PIPELINE_DAG = """
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from airflow.sdk import dag as airflow_dag
+
+from horovod_airflow.apps.mnist import MNIST
+from horovod_airflow.operators.launchers.local_options import ElasticOptions, LocalOptions
+from horovod_airflow.operators.pipeline import (
+    retraining_dag_args, retraining_params, retraining_pipeline,
+)
+
+APP = replace(MNIST, model_name="mnist_elastic", dataset_source={data!r},
+              trainer_args={trainer_args!r})
+
+
+@airflow_dag(dag_id="mnist_elastic_retrain", schedule=None,
+             start_date=datetime(2026, 1, 1, tzinfo=UTC),
+             params=retraining_params(num_proc=3, elastic=True), **retraining_dag_args())
+def mnist_elastic_retrain():
+    retraining_pipeline(
+        APP,
+        job={{"env": {env!r}, "local": LocalOptions(**{local!r})}},
+        elastic=ElasticOptions(min_np=2, max_np=3, timeout_s=60),
+    )
+
+
+dag = mnist_elastic_retrain()
+"""
+
+
+def test_an_elastic_retraining_dag_loses_a_rank_and_publishes_on_try_1(
+    elastic_hosts: ElasticHosts,
+    elastic_s3: S3Server,
+    tmp_path: Path,
+    airflow_db: Path,
+    capfd: Any,
+    monkeypatch: Any,
 ) -> None:
-    from tests.engines.test_multihost import Running
+    """The whole pipeline, as a deployment builds it (``retraining_pipeline(app,
+    elastic=...)`` with ``retraining_params(elastic=True)``), in a real Airflow run over the
+    three hosts, the ranks as their own S3 identity: e3's rank is killed mid-epoch, and the
+    train task still succeeds on try 1 with 2 ranks; the gate, the export and the publish
+    follow, and the published version records the world-size history (manifest, summary)."""
+    import importlib
+    import threading
 
-    op, ids = _elastic_task(elastic_hosts, tmp_path, min_np=2, timeout_s=60)
-    running = Running(op)
-    _kill_e3_after_20_steps(ids, running)
-    running.join(300)
-    assert running.error is None, running.error
-    assert running.result is not None and running.result["world_size"] == 2
-    assert running.result["elastic"]["world_sizes"] == [3, 2]  # the XCom shows the change
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["elastic"]["world_sizes"] == [3, 2]
-    assert metrics["elastic"]["world_history"][-1]["left"] == ["e3"]
-    assert metrics["val_accuracy"] >= ACCURACY_FLOOR
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import select
+
+    import horovod_airflow.operators.settings as settings
+    from tests.operators.helpers import dag_in_bundle
+
+    bucket = elastic_s3.new_bucket("elastic", ranks=True)
+    monkeypatch.setenv("HVA_BUCKET", bucket)
+    monkeypatch.setenv("HVA_AWS_CONN_ID", "aws_elastic")
+    monkeypatch.setenv("HVA_RANK_AWS_CONN_ID", "aws_elastic_ranks")
+    importlib.reload(settings)  # the deployment's settings are read at import
+    ids = tmp_path / "ids"
+    source = ELASTIC_PIPELINE_DAG.format(
+        data=str(elastic_hosts.dataset),
+        trainer_args={"epochs": 2, "batch_size": BATCH, "log_interval": 0,
+                      "debug_sample_ids": str(ids)},
+        env={"HVA_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"},
+        local={"hosts": [f"{elastic_hosts.addresses[h]}:1" for h in HOSTS],
+               "ssh_port": int(elastic_hosts.port), "ssh_identity_file": elastic_hosts.key,
+               "network_interface": elastic_hosts.interface},
+    )  # fmt: skip
+    try:
+        dag = dag_in_bundle(tmp_path, monkeypatch, "mnist_elastic_retrain", source)
+        killed: dict[str, Any] = {}
+        done = threading.Event()
+
+        def kill_e3() -> None:
+            try:
+                killed["pid"] = _kill_e3_after_20_steps(ids, lambda: not done.is_set())
+            except AssertionError as e:
+                killed["error"] = e
+
+        watcher = threading.Thread(target=kill_e3, daemon=True)
+        watcher.start()
+        try:
+            run = dag.test(run_conf={"min_accuracy": ACCURACY_FLOOR,
+                                     "elastic_commit_every": COMMIT_EVERY})  # fmt: skip
+        finally:
+            done.set()
+            watcher.join(5)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(settings)  # and back, for the tests after this one
+    text = capfd.readouterr().out
+    assert killed.get("pid"), killed.get("error")
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    states = {task: str(ti.state) for task, ti in tis.items()}
+    assert run.state == DagRunState.SUCCESS, (states, text[-4000:])
+    assert states == {
+        **dict.fromkeys(("stage_dataset", "train", "gate", "export_onnx", "publish"), "success"),
+        "record_refused": "skipped",
+    }, states
+    assert tis["train"].try_number == 1  # the lost rank cost no retry
+    with create_session() as session:
+        (xcom,) = session.scalars(
+            select(XComModel).where(
+                XComModel.run_id == run.run_id,
+                XComModel.task_id == "train",
+                XComModel.key == "return_value",
+            )
+        ).all()
+        result = xcom.value if isinstance(xcom.value, dict) else json.loads(xcom.value)
+    assert result["world_size"] == 2
+    assert result["elastic"]["world_sizes"] == [3, 2]  # the XCom shows the change
+
+    client = elastic_s3.client()
+    latest = json.loads(
+        client.get_object(Bucket=bucket, Key="models/mnist_elastic/latest.json")["Body"].read()
+    )
+    folder = f"models/mnist_elastic/{latest['version']}"
+
+    def published(name: str) -> bytes:
+        return bytes(client.get_object(Bucket=bucket, Key=f"{folder}/{name}")["Body"].read())
+
+    metrics = json.loads(published("metrics.json"))
+    elastic = metrics["elastic"]
+    assert elastic["world_sizes"] == [3, 2], elastic
+    assert elastic["commit_every"] == COMMIT_EVERY  # the form's value reached the ranks
+    assert elastic["world_history"][-1]["left"] == ["e3"]
+    assert [h["train_samples"] for h in metrics["history"]] == [TRAIN, TRAIN]
+    assert metrics["val_samples"] == VAL and metrics["world_size"] == 2
+    assert latest["val_accuracy"] == metrics["val_accuracy"] >= ACCURACY_FLOOR
+    manifest = json.loads(published("manifest.json"))
+    assert manifest["elastic"]["world_sizes"] == [3, 2], manifest.get("elastic")
+    assert "world sizes: 3 → 2" in published("summary.md").decode()
+    assert published("model.onnx")  # exported from the rank-0 checkpoint of the 2-rank world
+    assert elastic_s3.env["AWS_SECRET_ACCESS_KEY"] not in text
 
 
 def test_with_a_cooldown_the_host_of_a_killed_rank_rejoins_and_every_sample_counts(
@@ -391,7 +524,7 @@ def test_with_a_cooldown_the_host_of_a_killed_rank_rejoins_and_every_sample_coun
         elastic_hosts, tmp_path, min_np=2, timeout_s=60, cooldown_s=(2, 4), hosts_file=hosts_file
     )
     running = Running(op)
-    _kill_e3_after_20_steps(ids, running)
+    _kill_e3_after_20_steps(ids, running.thread.is_alive, lambda: running.error)
     running.join(300)
     assert running.error is None, running.error
     assert running.result is not None and running.result["world_size"] == 3
@@ -423,7 +556,7 @@ def test_through_the_operator_below_min_np_the_task_fails_naming_the_lost_rank_a
 
     op, ids = _elastic_task(elastic_hosts, tmp_path, min_np=3, timeout_s=15)
     running = Running(op)
-    _kill_e3_after_20_steps(ids, running)
+    _kill_e3_after_20_steps(ids, running.thread.is_alive, lambda: running.error)
     running.join(300)
     error = running.error
     assert isinstance(error, HorovodTrainingError), error
