@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from horovod_airflow.core.contract import ONNX_NAME, PARITY, PARITY_NAME, ContractError
+from horovod_airflow.core.contract import ONNX_NAME, PARITY, PARITY_NAME
 from horovod_airflow.operators.command import EXPORT_ENTRYPOINT, trainer_args_to_argv
 from horovod_airflow.operators.exceptions import HorovodTrainingError
 from horovod_airflow.operators.job import HorovodJobOperatorBase, is_templated
@@ -111,10 +111,7 @@ class HorovodExportOperator(HorovodJobOperatorBase):
         from horovod_airflow.core import storage
 
         parity_uri = storage.join(self.output_uri, PARITY_NAME)
-        try:
-            parity = PARITY.check(self.read_json(parity_uri, PARITY_NAME), parity_uri)
-        except ContractError as e:
-            raise HorovodTrainingError(str(e)) from e
+        parity = self.read_json(parity_uri, PARITY_NAME, PARITY)
         result = {
             "onnx_uri": storage.join(self.output_uri, ONNX_NAME),
             "parity_uri": parity_uri,

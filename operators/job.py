@@ -37,6 +37,8 @@ from horovod_airflow.operators.retry import with_retry_policy
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from horovod_airflow.core.contract import Schema
+
 
 def is_templated(value: Any) -> bool:
     """A value still holding Jinja (validated after rendering, in ``execute``)."""
@@ -465,9 +467,11 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             launcher.kill()
 
     # --- results ----------------------------------------------------------------------
-    def read_json(self, uri: str, what: str) -> dict[str, Any]:
-        """Read a JSON object the job wrote (through the connection's S3 client)."""
+    def read_json(self, uri: str, what: str, schema: Schema | None = None) -> dict[str, Any]:
+        """Read a JSON object the job wrote (through the connection's S3 client); with
+        ``schema``, the contract it must follow (else :class:`HorovodTrainingError`)."""
         from horovod_airflow.core import storage
+        from horovod_airflow.core.contract import ContractError
 
         try:
             text = storage.read_text(uri, client=self.s3_client_for(uri))
@@ -484,7 +488,14 @@ class HorovodJobOperatorBase(AwsConnectionMixin, BaseOperator):
             raise HorovodTrainingError(f"{what} at {uri} is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise HorovodTrainingError(f"{what} at {uri} must be a JSON object, got {data!r:.80}")
-        return data
+        if schema is None:
+            return data
+        try:
+            return schema.check(data, uri)
+        except ContractError as e:
+            raise HorovodTrainingError(
+                f"{e} (see docs/design.md, training-program contract)"
+            ) from e
 
     @staticmethod
     def number_or_none(value: Any, key: str, uri: str) -> float | int | None:

@@ -14,7 +14,6 @@ from horovod_airflow.core.contract import (
     CHECKPOINT_NAME,
     METRICS,
     METRICS_NAME,
-    ContractError,
     elastic_summary,
 )
 from horovod_airflow.operators.command import (
@@ -207,7 +206,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
             return None
         try:
             num_proc = as_int(self.num_proc, "num_proc", minimum=1)
-            metrics = METRICS.check(self.read_json(metrics_uri, METRICS_NAME), metrics_uri)
+            metrics = self.read_json(metrics_uri, METRICS_NAME, METRICS)
         except (ValueError, HorovodTrainingError) as e:
             raise TrainingCompletedError(
                 f"try {try_number}: {metrics_uri} exists but cannot be checked as this task's "
@@ -316,12 +315,7 @@ class HorovodTrainOperator(HorovodJobOperatorBase):
         from horovod_airflow.core import storage
 
         metrics_uri = storage.join(self.output_uri, METRICS_NAME)
-        try:
-            metrics = METRICS.check(self.read_json(metrics_uri, METRICS_NAME), metrics_uri)
-        except ContractError as e:
-            raise HorovodTrainingError(
-                f"{e} (see docs/design.md, training-program contract)"
-            ) from e
+        metrics = self.read_json(metrics_uri, METRICS_NAME, METRICS)
         if self.metric_key not in metrics:
             raise HorovodTrainingError(
                 f"metrics.json at {metrics_uri} has no {self.metric_key!r} (metric_key); "
