@@ -84,6 +84,38 @@ def write_run(name: str, args: argparse.Namespace, markdown: str, data: dict[str
     return 0
 
 
+#: ``--quick`` of a sweep (:func:`add_sweep_arguments`): one repeat on this many samples.
+QUICK_SWEEP_SAMPLES = 2048
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser, *, repeats: int, samples: int) -> None:
+    """A sweep driver's ``--repeats`` (the :func:`alternated` repeats) and ``--samples`` (the
+    training images of each run), with these defaults, then the common driver options."""
+    parser.add_argument(
+        "--repeats", type=int, default=repeats, help="alternations (median reported)"
+    )
+    parser.add_argument("--samples", type=int, default=samples, help="training images per run")
+    add_driver_arguments(parser, quick=f"1 repeat on {QUICK_SWEEP_SAMPLES:,} samples")
+
+
+def parse_sweep_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None, *, samples_per_rank: int
+) -> argparse.Namespace:
+    """The arguments of :func:`add_sweep_arguments`'s parser, ``--quick`` and ``--np``
+    applied; a usage error unless ``--repeats`` >= 1 and ``--samples`` >= ``samples_per_rank``
+    x np (each rank's share of a run is at least that)."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.samples = 1, QUICK_SWEEP_SAMPLES
+    args.np = ranks_from(parser, args.np)
+    if args.repeats < 1 or args.samples < samples_per_rank * args.np:
+        parser.error(
+            f"--repeats must be >= 1 and --samples >= {samples_per_rank} x np, got np "
+            f"{args.np}, --repeats {args.repeats}, --samples {args.samples}"
+        )
+    return args
+
+
 def alternated(settings: Sequence[S], repeats: int, run: Callable[[S, int], T]) -> dict[S, list[T]]:
     """``run(setting, repeat)`` for every setting once per repeat, the settings alternated, so
     that a shared machine's drift spreads over all of them alike; the results per setting."""

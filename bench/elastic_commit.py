@@ -24,7 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_driver_arguments, alternated, ranks_from, sweep_data, write_run
+from bench.common import (
+    add_sweep_arguments,
+    alternated,
+    parse_sweep_args,
+    sweep_data,
+    write_run,
+)
 from bench.datasets import stage_local_dataset
 from bench.report import json_events, machine, machine_line, md_table, rank_env, run_horovod
 from horovod_airflow.core.contract import EVENT_EPOCH
@@ -92,16 +98,8 @@ def render(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="alternations (median reported)")
-    parser.add_argument("--samples", type=int, default=12000, help="training images per run")
-    add_driver_arguments(parser, quick="1 repeat on 2,048 samples")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.repeats, args.samples = 1, 2048
-    args.np = ranks_from(parser, args.np)
-    if args.repeats < 1 or args.samples < 64 * args.np:
-        parser.error(f"--repeats must be >= 1 and --samples >= 64 x np, got {args.repeats}, "
-                     f"{args.samples}")  # fmt: skip
+    add_sweep_arguments(parser, repeats=3, samples=12000)
+    args = parse_sweep_args(parser, argv, samples_per_rank=64)
     m = machine()
     with tempfile.TemporaryDirectory(prefix="hva-elastic-bench-") as tmp:
         runs = alternated(

@@ -24,7 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_driver_arguments, alternated, ranks_from, sweep_data, write_run
+from bench.common import (
+    add_sweep_arguments,
+    alternated,
+    parse_sweep_args,
+    sweep_data,
+    write_run,
+)
 from bench.datasets import stage_local_dataset
 from bench.report import (
     json_events,
@@ -100,18 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[HOROVOD_DEFAULT_MS, TRAINER_CPU_MS],
         help=f"HOROVOD_CYCLE_TIME values, ms (default {HOROVOD_DEFAULT_MS:g} {TRAINER_CPU_MS:g})",
     )
-    parser.add_argument("--repeats", type=int, default=4, help="alternations (median reported)")
-    parser.add_argument("--samples", type=int, default=20000, help="training images per run")
-    add_driver_arguments(parser, quick="1 repeat on 2,048 samples")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.repeats, args.samples = 1, 2048
-    args.np = ranks_from(parser, args.np)
-    if args.repeats < 1 or args.samples < 2 * args.np:
-        parser.error(
-            f"--np and --repeats must be >= 1 and --samples >= 2 x np, got {args.np}, "
-            f"{args.repeats}, {args.samples}"
-        )
+    add_sweep_arguments(parser, repeats=4, samples=20000)
+    args = parse_sweep_args(parser, argv, samples_per_rank=2)
     if any(c <= 0 for c in args.cycles):
         parser.error(f"--cycles takes milliseconds > 0, got {args.cycles}")
 

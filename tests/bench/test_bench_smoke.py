@@ -20,6 +20,7 @@ import pytest
 
 from bench import (
     demo_baseline,
+    elastic_commit,
     horovod_cycle,
     one_epoch,
     pipeline_overhead,
@@ -143,7 +144,18 @@ def test_run_horovod_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
         (precision, ["--steps", "0"], "--steps must be an integer >= 1, got 0"),
         (profile_step, ["--steps", "0"], "--steps must be >= 1 and --warmup >= 0, got 0, 3"),
         (horovod_cycle, ["--cycles", "0"], "--cycles takes milliseconds > 0, got [0.0]"),
-        (horovod_cycle, ["--samples", "3"], "--samples >= 2 x np, got 2, 4, 3"),
+        (
+            horovod_cycle,
+            ["--samples", "3"],
+            "--samples >= 2 x np, got np 2, --repeats 4, --samples 3",
+        ),
+        (
+            elastic_commit,
+            ["--repeats", "0"],
+            "--repeats must be >= 1 and --samples >= 64 x np, "
+            "got np 2, --repeats 0, --samples 12000",
+        ),
+        (elastic_commit, ["--samples", "127"], "got np 2, --repeats 3, --samples 127"),
     ],
 )
 def test_bad_arguments_are_named(module, argv, message, capsys) -> None:
@@ -426,8 +438,6 @@ def test_profile_groups_name_the_step_parts() -> None:
 
 
 def test_elastic_commit_quick(tmp_path: Path) -> None:
-    from bench import elastic_commit
-
     elastic_commit.main(["--quick", "--results-dir", str(tmp_path)])
     markdown, data = _results(tmp_path, "elastic_commit_quick")
     plain, *elastic = data["results"]
