@@ -26,10 +26,9 @@ from horovod_airflow.operators.pipeline import serving_dag_args, serving_pipelin
 @dag(
     dag_id="mnist_serve_latest_model",
     doc_md=__doc__,
-    schedule=[MNIST.latest_asset],
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     tags=["serving", "onnx", "mnist"],
-    **serving_dag_args(),
+    **serving_dag_args(MNIST),
 )
 def mnist_serve_latest_model() -> None:
     serving_pipeline(MNIST)

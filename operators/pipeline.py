@@ -341,7 +341,7 @@ def serving_pipeline(app: ModelApp) -> Any:
     """Create the serving-side task of ``app`` in the DAG being defined: ``smoke_test_latest``
     runs ``app.serving_check`` on the version the triggering Asset event names (a manual run:
     the one ``latest.json`` names now), with the DAG's params as keywords; its result is the
-    task's XCom. Schedule the DAG on ``app.latest_asset``; see :func:`serving_dag_args`."""
+    task's XCom. The DAG's ``@dag`` arguments: :func:`serving_dag_args`."""
     if app.serving_check is None:
         raise ValueError(f"ModelApp {app.model_name!r} declares no serving_check")
     check_path, model_name, asset = app.serving_check, app.model_name, app.latest_asset
@@ -366,10 +366,12 @@ def serving_pipeline(app: ModelApp) -> Any:
     return smoke_test_latest()
 
 
-def serving_dag_args() -> dict[str, Any]:
-    """The ``@dag`` arguments every serving-side DAG shares: one run at a time, no catch-up, the
-    deployment's run and task timeouts. (Its schedule is the app's ``latest_asset``.)"""
+def serving_dag_args(app: ModelApp) -> dict[str, Any]:
+    """The ``@dag`` arguments of ``app``'s serving-side DAG: scheduled on the app's
+    ``latest_asset`` (each publish of its retraining DAG starts a run), one run at a time, no
+    catch-up, the deployment's run and task timeouts."""
     return {
+        "schedule": [app.latest_asset],
         "catchup": False,
         "max_active_runs": 1,
         "dagrun_timeout": settings.RUN_TIMEOUT,

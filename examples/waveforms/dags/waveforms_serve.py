@@ -23,7 +23,6 @@ from horovod_airflow.operators.pipeline import serving_dag_args, serving_pipelin
 @dag(
     dag_id="waveforms_serve_latest_model",
     doc_md=__doc__,
-    schedule=[WAVEFORMS.latest_asset],
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     tags=["serving", "onnx", "example"],
     params={
@@ -33,7 +32,7 @@ from horovod_airflow.operators.pipeline import serving_dag_args, serving_pipelin
                               title="Minimum accuracy",
                               description="The check fails below this accuracy (0-1)."),
     },
-    **serving_dag_args(),
+    **serving_dag_args(WAVEFORMS),
 )  # fmt: skip
 def waveforms_serve_latest_model() -> None:
     serving_pipeline(WAVEFORMS)
