@@ -173,3 +173,90 @@ def test_stdout_events_round_trip_and_unknown_ones_are_refused():
     assert contract.parse_event("epoch 1 done {not json") is None
     with pytest.raises(ValueError, match="unknown event 'export'; the contract's events: epoch"):
         contract.event_line("export", {})
+
+
+# --- the contract as JSON Schema (core/json_schemas.py, docs/contract/) ----------------------
+def test_the_json_schema_files_are_the_ones_the_contract_generates():
+    from horovod_airflow.core.json_schemas import SCHEMAS, render
+    from tests.conftest import REPO
+
+    folder = REPO / "docs" / "contract"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        f"{name}.schema.json" for name in SCHEMAS
+    )
+    for name, schema in SCHEMAS.items():
+        assert (folder / f"{name}.schema.json").read_text() == render(schema), (
+            f"docs/contract/{name}.schema.json is stale: run "
+            "python -m horovod_airflow.core.json_schemas docs/contract"
+        )
+
+
+_SAMPLE = {
+    contract.NUMBER: 0.5, int: 3, bool: True, str: "s", list: [1], dict: {"k": 1}, type(None): None
+}  # fmt: skip
+#: A value of each type that no other declared type accepts (a bool is not a number).
+_WRONG = {contract.NUMBER: "0.5", int: 2.5, bool: 1, str: 7, list: {"a": 1}, dict: [1]}
+
+
+def _kinds(kind):
+    return list(kind) if isinstance(kind, tuple) else [kind]
+
+
+def _documents(schema):
+    """Documents around ``schema``'s edges: valid ones, and each way one can break it."""
+    full = {k: _SAMPLE[_kinds(t)[0]] for k, t in schema.required.items()}
+    yield "minimal", {"format": schema.format, **full}
+    yield "optional null", {"format": schema.format, **full, **dict.fromkeys(schema.optional)}
+    yield (
+        "optional set",
+        {
+            "format": schema.format,
+            **full,
+            **{k: _SAMPLE[_kinds(t)[0]] for k, t in schema.optional.items()},
+        },
+    )
+    yield "unknown key kept", {"format": schema.format, **full, "x_extra": [None]}
+    yield "no format", full
+    yield "null format", {"format": None, **full}
+    yield "other format", {"format": "horovod-airflow/other-v9", **full}
+    yield "not an object", [full]
+    for key in schema.required:
+        yield (
+            f"lacks {key}",
+            {"format": schema.format, **{k: v for k, v in full.items() if k != key}},
+        )
+        yield f"null {key}", {"format": schema.format, **full, key: None}
+    for key, kind in {**schema.required, **schema.optional}.items():
+        wrong = [_WRONG[k] for k in _WRONG if k not in _kinds(kind)]
+        for value in wrong:
+            if not any(contract._is(value, k) for k in _kinds(kind)):
+                yield f"{key}={value!r}", {"format": schema.format, **full, key: value}
+    for fmt, may_lack in schema.legacy.items():
+        yield f"{fmt} lacking what it may", {
+            "format": fmt, **{k: v for k, v in full.items() if k not in may_lack}
+        }  # fmt: skip
+
+
+def test_a_json_schema_validator_accepts_exactly_what_the_contract_accepts():
+    """For every contract document, on documents at each edge of its schema (keys missing,
+    null, of a wrong type, formats unknown or legacy), the published JSON Schema and
+    ``Schema.check`` give the same verdict."""
+    from jsonschema import Draft202012Validator
+
+    from horovod_airflow.core.json_schemas import SCHEMAS, json_schema
+
+    checked = 0
+    for name, schema in SCHEMAS.items():
+        published = json_schema(schema)
+        Draft202012Validator.check_schema(published)
+        validator = Draft202012Validator(published)
+        for case, document in _documents(schema):
+            try:
+                schema.check(document, name)
+                accepted = True
+            except ContractError:
+                accepted = False
+            errors = [e.message for e in validator.iter_errors(document)]
+            assert accepted == (not errors), (name, case, errors)
+            checked += 1
+    assert checked > 200  # the cases were made, not skipped

@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jsonschema import Draft202012Validator
+
 from horovod_airflow.core.contract import PARITY
 from horovod_airflow.trainer.model import NORMALIZE_MEAN, preprocessing
+from tests.conftest import REPO
 from tests.trainer.conftest import Run, describe
 
 ORT_WITHOUT_TORCH = """
@@ -53,6 +56,9 @@ def test_export_parity_and_onnx_runs_without_torch(tiny_run: Run, tmp_path: Path
     assert proc.returncode == 0, describe(proc)
     assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "parity.json"]  # no sidecar
     parity = PARITY.loads((out / "parity.json").read_text(), "parity.json")
+    for name, document in (("parity", parity), ("preprocessing", parity["preprocessing"])):
+        schema = json.loads((REPO / "docs" / "contract" / f"{name}.schema.json").read_text())
+        assert list(Draft202012Validator(schema).iter_errors(document)) == [], name
     assert parity["passed"] is True
     assert parity["samples"] == 200
     assert parity["max_abs_diff"] <= parity["tolerance"] == 1e-4

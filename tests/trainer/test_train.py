@@ -67,6 +67,23 @@ def test_allreduced_accuracy_equals_single_process_eval_of_checkpoint(
     assert sum(int(s[1]) for s in shards) == metrics["val_correct"]
 
 
+def test_the_trainers_metrics_follow_the_published_json_schema(tiny_run: Run) -> None:
+    """What a program in another language is told to write (docs/contract/) is what ours
+    writes: a real run's metrics.json, and its per-step record, pass the JSON Schema files."""
+    from jsonschema import Draft202012Validator
+
+    from tests.conftest import REPO
+
+    def errors(name: str, document: object) -> list[str]:
+        schema = json.loads((REPO / "docs" / "contract" / f"{name}.schema.json").read_text())
+        return [e.message for e in Draft202012Validator(schema).iter_errors(document)]
+
+    metrics = tiny_run.metrics
+    assert errors("metrics", metrics) == []
+    assert errors("steps", metrics["steps"]) == []
+    assert errors("metrics", {**metrics, "world_size": "2"})  # the files do refuse
+
+
 def test_ranks_hold_identical_parameters_after_broadcast_and_first_step(tiny_run: Run) -> None:
     hashes = events(tiny_run.proc.stdout, "param_hash")
     by_step: dict[int, dict[int, str]] = {}
