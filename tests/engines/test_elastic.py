@@ -500,6 +500,16 @@ def test_an_elastic_retraining_dag_loses_a_rank_and_publishes_on_try_1(
     assert elastic["commit_every"] == COMMIT_EVERY  # the form's value reached the ranks
     assert elastic["world_history"][-1]["left"] == ["e3"]
     assert [h["train_samples"] for h in metrics["history"]] == [TRAIN, TRAIN]
+    rows = [
+        json.loads(line)
+        for f in ids.glob("*.jsonl")
+        for line in f.read_text().splitlines()
+        if line.endswith("}")  # the killed rank may have left half a line
+    ]
+    for epoch in (0, 1):  # the epoch that lost the rank trained on every sample too
+        assert sorted({i for r in rows if r["epoch"] == epoch for i in r["ids"]}) == list(
+            range(TRAIN)
+        ), epoch
     assert metrics["val_samples"] == VAL and metrics["world_size"] == 2
     assert latest["val_accuracy"] == metrics["val_accuracy"] >= ACCURACY_FLOOR
     manifest = json.loads(published("manifest.json"))
