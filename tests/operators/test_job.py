@@ -352,7 +352,7 @@ def test_a_deferred_mpijob_gets_the_execution_timeout_deadline():
     the MPIJob's activeDeadlineSeconds is the same deadline."""
     from unittest import mock
 
-    from airflow.exceptions import TaskDeferred
+    from airflow.sdk.exceptions import TaskDeferred
 
     from horovod_airflow.operators.launchers.kubernetes import KubernetesOptions
     from tests.operators.fakes import HOOK, RUNNING, FakeHook
